@@ -1,0 +1,22 @@
+"""attnbook: the package behind the interactive course on multi-head attention.
+
+Dimension legend: B batch, H heads, T query length, S key length, D head dim,
+E model dim. Bool masks are True where a query may attend a key.
+"""
+
+from .core import default_device, scaled_dot_product_attention
+from .masks import causal_mask, padding_mask, sliding_window_mask
+from .mha import MultiHeadAttention, merge_heads, split_heads
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "default_device",
+    "causal_mask",
+    "padding_mask",
+    "sliding_window_mask",
+    "MultiHeadAttention",
+    "split_heads",
+    "merge_heads",
+]

@@ -1,0 +1,156 @@
+"""Masks, and conversions between the conventions that trip people up.
+
+Dimension legend: B batch, H heads, T query length, S key length.
+
+attnbook's convention: a bool mask is True where a query **may attend** to a
+key, as in ``torch.nn.functional.scaled_dot_product_attention``. Other
+conventions you will meet, and the converters for them:
+
+=======================================  ==================  ===========================
+where                                    dtype               meaning
+=======================================  ==================  ===========================
+attnbook, ``F.scaled_dot_product_attention``  bool           True = may attend
+``nn.MultiheadAttention`` ``attn_mask``  bool                True = blocked
+``nn.MultiheadAttention`` ``key_padding_mask``  bool (B, S)  True = padding (blocked)
+additive ("float") masks                 float               0 = attend, very negative = blocked
+lengths                                  int (B,)            first ``length`` keys are real
+=======================================  ==================  ===========================
+"""
+
+from __future__ import annotations
+
+
+import torch
+
+__all__ = [
+    "causal_mask",
+    "padding_mask",
+    "sliding_window_mask",
+    "combine_masks",
+    "from_blocked",
+    "to_blocked",
+    "from_key_padding_mask",
+    "to_additive",
+    "from_additive",
+    "lengths_from_mask",
+]
+
+
+def _check_length(name: str, n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"{name} must be an int, got {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"{name} must be >= 1, got {n}")
+    return n
+
+
+def causal_mask(T: int, S: int | None = None, *, offset: int = 0, device=None) -> torch.Tensor:
+    """Bool ``(T, S)``: query ``i`` may attend key ``j`` when ``j <= i + offset``.
+
+    With the default ``offset=0`` this is True on and below the diagonal (the
+    same as ``is_causal=True`` in PyTorch). When the queries are the last T of
+    S positions (decoding with a KV cache), pass ``offset=S - T``.
+    """
+    T = _check_length("T", T)
+    S = T if S is None else _check_length("S", S)
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+def padding_mask(lengths, max_len: int | None = None) -> torch.Tensor:
+    """Bool ``(B, 1, 1, S)``, True for the real (non-padding) keys.
+
+    ``lengths`` holds the true length of each sequence in the batch; ``S`` is
+    ``max_len`` or, by default, the longest length. The shape broadcasts over
+    heads (H) and queries (T).
+    """
+    lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+        raise TypeError(f"lengths must be a 1-D sequence of ints, got shape {tuple(lengths.shape)} and {lengths.dtype}")
+    if len(lengths) and int(lengths.min()) < 0:
+        raise ValueError(f"lengths must be >= 0, got {lengths.tolist()}")
+    longest = int(lengths.max()) if len(lengths) else 0
+    if max_len is None:
+        max_len = longest
+    elif max_len < longest:
+        raise ValueError(f"max_len={max_len} is shorter than the longest length {longest}")
+    keys = torch.arange(max_len, device=lengths.device)  # (S,)
+    return (keys[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
+
+
+def sliding_window_mask(T: int, window: int, S: int | None = None, *, causal: bool = False, device=None) -> torch.Tensor:
+    """Bool ``(T, S)``: query ``i`` may attend key ``j`` when ``|i - j| <= window``
+    (``0 <= i - j <= window`` when ``causal``)."""
+    T = _check_length("T", T)
+    S = T if S is None else _check_length("S", S)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"window must be an int >= 0, got {window!r}")
+    i = torch.arange(T, device=device)[:, None]
+    j = torch.arange(S, device=device)[None, :]
+    d = i - j  # (T, S)
+    if causal:
+        return (d >= 0) & (d <= window)
+    return d.abs() <= window
+
+
+def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
+    """Logical AND of bool masks (None entries are skipped), broadcast together:
+    a key is allowed only if every mask allows it."""
+    out = None
+    for m in masks:
+        if m is None:
+            continue
+        if m.dtype != torch.bool:
+            raise TypeError(f"combine_masks takes bool masks, got {m.dtype}")
+        out = m if out is None else out & m
+    return out
+
+
+def from_blocked(mask: torch.Tensor) -> torch.Tensor:
+    """``nn.MultiheadAttention``'s bool ``attn_mask`` (True = blocked) to ours."""
+    if mask.dtype != torch.bool:
+        raise TypeError(f"expected a bool mask, got {mask.dtype}")
+    return ~mask
+
+
+def to_blocked(mask: torch.Tensor) -> torch.Tensor:
+    """Our bool mask (True = may attend) to ``nn.MultiheadAttention``'s (True = blocked)."""
+    if mask.dtype != torch.bool:
+        raise TypeError(f"expected a bool mask, got {mask.dtype}")
+    return ~mask
+
+
+def from_key_padding_mask(key_padding_mask: torch.Tensor) -> torch.Tensor:
+    """``nn.MultiheadAttention``'s ``key_padding_mask`` ``(B, S)``, True = padding,
+    to ours ``(B, 1, 1, S)``, True = real token."""
+    if key_padding_mask.dtype != torch.bool or key_padding_mask.dim() != 2:
+        raise TypeError(
+            f"key_padding_mask must be bool (B, S), got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
+        )
+    return ~key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
+
+
+def to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Bool (True = may attend) to an additive float mask: 0 where allowed,
+    ``torch.finfo(dtype).min`` where blocked."""
+    if mask.dtype != torch.bool:
+        raise TypeError(f"expected a bool mask, got {mask.dtype}")
+    zero = torch.zeros((), dtype=dtype, device=mask.device)
+    return zero.masked_fill(~mask, torch.finfo(dtype).min).expand(mask.shape).clone()
+
+
+def from_additive(mask: torch.Tensor) -> torch.Tensor:
+    """Additive float mask to bool: True where the added value is not a
+    blocking value (-inf or at most half of ``finfo(dtype).min``)."""
+    if not mask.dtype.is_floating_point:
+        raise TypeError(f"expected a float mask, got {mask.dtype}")
+    return mask > torch.finfo(mask.dtype).min / 2
+
+
+def lengths_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """The lengths behind a padding mask ``(B, 1, 1, S)`` or ``(B, S)``
+    (True = real token): the number of True entries per sequence."""
+    if mask.dtype != torch.bool:
+        raise TypeError(f"expected a bool mask, got {mask.dtype}")
+    return mask.reshape(mask.shape[0], -1).sum(dim=-1)
+
+

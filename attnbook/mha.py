@@ -1,0 +1,202 @@
+"""Multi-head attention as an ``nn.Module``, batch-first.
+
+Dimension legend:
+    B  batch size
+    H  number of query heads          (``num_heads``)
+    Hkv number of key/value heads     (``num_kv_heads``; H for plain multi-head)
+    T  query length,  S  key/value length
+    D  head dimension (E // H)
+    E  model dimension (``d_model``)
+
+Masks are bool, True = may attend, broadcastable to (B, H, T, S); or float,
+added to the scores. See :mod:`attnbook.core`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .core import _shape, check_mask, scaled_dot_product_attention
+
+__all__ = ["MultiHeadAttention", "split_heads", "merge_heads"]
+
+
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(B, T, E) -> (B, H, T, D), with D = E // H."""
+    B, T, E = x.shape
+    if E % num_heads:
+        raise ValueError(f"last dim {E} is not divisible by num_heads={num_heads}")
+    x = x.view(B, T, num_heads, E // num_heads)  # (B, T, H, D)
+    return x.transpose(1, 2)  # (B, H, T, D)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, D) -> (B, T, H * D). ``contiguous`` is needed because the
+    transpose leaves the memory in (B, H, T, D) order, which ``view`` can't merge."""
+    B, H, T, D = x.shape
+    x = x.transpose(1, 2).contiguous()  # (B, T, H, D)
+    return x.view(B, T, H * D)  # (B, T, E)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with separate Q, K and V projections.
+
+    Args:
+        d_model: model dimension E.
+        num_heads: number of query heads H; must divide ``d_model``.
+        dropout: dropout on the attention weights (training only).
+        bias: whether the four projections have a bias.
+        num_kv_heads: number of key/value heads (grouped-query attention);
+            must divide ``num_heads``. ``None`` means ``num_heads`` (plain
+            multi-head attention); 1 is multi-query attention.
+        kdim, vdim: widths of the key and value inputs when they differ from
+            ``d_model`` (cross-attention from an encoder of another width).
+
+    ``forward(query, key=None, value=None, mask=None)`` returns
+    ``(out (B, T, E), weights (B, H, T, S))``; key defaults to query and value
+    to key. With ``need_weights=False`` it takes PyTorch's fused kernel and
+    returns ``(out, None)``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        *,
+        num_kv_heads: int | None = None,
+        kdim: int | None = None,
+        vdim: int | None = None,
+    ):
+        super().__init__()
+        for name, val in (("d_model", d_model), ("num_heads", num_heads)):
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f"{name} must be a positive int, got {val!r}")
+        if d_model % num_heads:
+            raise ValueError(
+                f"d_model={d_model} is not divisible by num_heads={num_heads}: "
+                f"each head needs d_model / num_heads features"
+            )
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) or num_kv_heads < 1 or num_heads % num_kv_heads:
+            raise ValueError(f"num_kv_heads={num_kv_heads!r} must be a positive divisor of num_heads={num_heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = d_model // num_heads
+        self.dropout = dropout
+        self.kdim = d_model if kdim is None else kdim
+        self.vdim = d_model if vdim is None else vdim
+        kv_width = num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)  # W^Q
+        self.k_proj = nn.Linear(self.kdim, kv_width, bias=bias)  # W^K
+        self.v_proj = nn.Linear(self.vdim, kv_width, bias=bias)  # W^V
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        # as torch.nn.MultiheadAttention: Xavier-uniform projections, zero biases
+        for lin in (self.q_proj, self.k_proj, self.v_proj):
+            nn.init.xavier_uniform_(lin.weight)
+        for lin in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+
+    def extra_repr(self) -> str:
+        kv = f", num_kv_heads={self.num_kv_heads}" if self.num_kv_heads != self.num_heads else ""
+        return f"d_model={self.d_model}, num_heads={self.num_heads}{kv}, head_dim={self.head_dim}, dropout={self.dropout}"
+
+    def _check_input(self, name: str, x: torch.Tensor, width: int) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3 or x.shape[-1] != width:
+            raise ValueError(f"{name} must be (B, length, {width}) (batch-first), got {_shape(x)}")
+
+    def project(self, query, key=None, value=None):
+        """The three projections, split into heads: q (B, H, T, D), k and v (B, Hkv, S, D)."""
+        key = query if key is None else key
+        value = key if value is None else value
+        self._check_input("query", query, self.d_model)
+        self._check_input("key", key, self.kdim)
+        self._check_input("value", value, self.vdim)
+        if key.shape[:2] != value.shape[:2]:
+            raise ValueError(f"key {_shape(key)} and value {_shape(value)} must share (B, S)")
+        if query.shape[0] != key.shape[0]:
+            raise ValueError(f"query {_shape(query)} and key {_shape(key)} must share the batch size B")
+        q = split_heads(self.q_proj(query), self.num_heads)  # (B, H, T, D)
+        k = split_heads(self.k_proj(key), self.num_kv_heads)  # (B, Hkv, S, D)
+        v = split_heads(self.v_proj(value), self.num_kv_heads)  # (B, Hkv, S, D)
+        return q, k, v
+
+    def attend(self, q, k, v, mask=None, need_weights=True):
+        """Attention over already projected heads; returns (out (B, T, E), weights or None)."""
+        groups = self.num_heads // self.num_kv_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)  # (B, H, S, D)
+            v = v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
+        p = self.dropout if self.training else 0.0
+        if mask is not None:
+            check_mask(mask, torch.Size((q.shape[0], self.num_heads, q.shape[2], k.shape[2])))
+        use_fast = not need_weights and not (
+            mask is not None and mask.dtype == torch.bool and not bool(mask.any(dim=-1).all())
+        )
+        if use_fast:
+            # fused kernel; rows with every key masked take the explicit path above
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, H, T, D)
+            weights = None
+        else:
+            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p=p)  # (B, H, T, D)
+            if not need_weights:
+                weights = None
+        return self.out_proj(merge_heads(out)), weights  # (B, T, E)
+
+    def forward(self, query, key=None, value=None, mask=None, *, need_weights: bool = True):
+        unbatched = isinstance(query, torch.Tensor) and query.dim() == 2
+        if unbatched:  # (T, E) -> (1, T, E)
+            query = query.unsqueeze(0)
+            key = None if key is None else key.unsqueeze(0)
+            value = None if value is None else value.unsqueeze(0)
+        q, k, v = self.project(query, key, value)
+        out, weights = self.attend(q, k, v, mask, need_weights)
+        if unbatched:
+            out = out.squeeze(0)
+            weights = None if weights is None else weights.squeeze(0)
+        return out, weights
+
+    @classmethod
+    def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
+        """Build one with the same weights as a ``torch.nn.MultiheadAttention``.
+
+        The result (always batch-first) gives the same outputs and per-head
+        weights as ``m(q, k, v, attn_mask=~mask, average_attn_weights=False)``
+        (transposed when ``m`` is not batch-first).
+        """
+        if not isinstance(m, nn.MultiheadAttention):
+            raise TypeError(f"expected torch.nn.MultiheadAttention, got {type(m).__name__}")
+        if m.bias_k is not None or m.add_zero_attn:
+            raise ValueError("add_bias_kv and add_zero_attn have no counterpart in attnbook.MultiHeadAttention")
+        E = m.embed_dim
+        bias = m.in_proj_bias is not None
+        new = cls(E, m.num_heads, dropout=m.dropout, bias=bias, kdim=m.kdim, vdim=m.vdim)
+        new = new.to(device=m.out_proj.weight.device, dtype=m.out_proj.weight.dtype)
+        with torch.no_grad():
+            if m._qkv_same_embed_dim:
+                wq, wk, wv = m.in_proj_weight.chunk(3, dim=0)
+            else:
+                wq, wk, wv = m.q_proj_weight, m.k_proj_weight, m.v_proj_weight
+            new.q_proj.weight.copy_(wq)
+            new.k_proj.weight.copy_(wk)
+            new.v_proj.weight.copy_(wv)
+            new.out_proj.weight.copy_(m.out_proj.weight)
+            if bias:
+                bq, bk, bv = m.in_proj_bias.chunk(3)
+                new.q_proj.bias.copy_(bq)
+                new.k_proj.bias.copy_(bk)
+                new.v_proj.bias.copy_(bv)
+                new.out_proj.bias.copy_(m.out_proj.bias)
+        return new
