@@ -1,0 +1,476 @@
+"""Positional information for attention: absolute, relative, rotary and ALiBi.
+
+Dimension legend:
+    B  batch size
+    H  number of heads
+    T  query length,  S  key length
+    D  head dimension (RoPE rotates pairs of the D features of one head)
+    E  model dimension (``d_model``)
+
+Attention by itself is permutation equivariant: shuffle the tokens and the
+outputs shuffle the same way. Everything here breaks that symmetry, in four
+different places:
+
+* added to the input embeddings (``SinusoidalPositionalEncoding``,
+  ``LearnedPositionalEmbedding``);
+* added to the scores as a float ``mask`` (``RelativePositionBias``, T5;
+  ``alibi_bias``, ALiBi);
+* rotating the queries and keys before the dot product (``apply_rotary``, RoPE).
+
+Float biases follow attnbook's mask convention (:mod:`attnbook.core`): they
+are added to the scores, and a blocked key holds ``torch.finfo(dtype).min``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+__all__ = [
+    "sinusoidal_encoding",
+    "shift_matrix",
+    "SinusoidalPositionalEncoding",
+    "LearnedPositionalEmbedding",
+    "relative_position_bucket",
+    "RelativePositionBias",
+    "apply_rotary",
+    "rotary_permutation",
+    "alibi_slopes",
+    "alibi_bias",
+]
+
+
+def _check_int(name: str, n, minimum: int = 1) -> int:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"{name} must be an int, got {type(n).__name__}")
+    if n < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {n}")
+    return n
+
+
+def _check_base(base) -> float:
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
+        raise ValueError(f"base must be a number > 1, got {base!r}")
+    return float(base)
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+# ---------------------------------------------------------------------------
+# Sinusoidal (Vaswani et al., 2017)
+# ---------------------------------------------------------------------------
+
+
+def _inverse_frequencies(d_model: int, base: float, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """1 / base^(2i / d_model) for the columns 2i = 0, 2, 4, ... < d_model."""
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=device)  # (ceil(E/2),)
+    return torch.exp(-math.log(base) * two_i / d_model).to(dtype)
+
+
+def sinusoidal_encoding(
+    max_len: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None, device=None
+) -> torch.Tensor:
+    """The fixed table ``PE`` of shape ``(max_len, d_model)``::
+
+        PE[pos, 2i]     = sin(pos / base^(2i / d_model))
+        PE[pos, 2i + 1] = cos(pos / base^(2i / d_model))
+
+    An odd ``d_model`` is allowed: its last column ``d_model - 1 = 2i`` is a
+    sine. The table is computed in float64 and returned in ``dtype`` (the
+    default dtype when None).
+    """
+    max_len = _check_int("max_len", max_len)
+    d_model = _check_int("d_model", d_model)
+    base = _check_base(base)
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    pos = torch.arange(max_len, dtype=torch.float64, device=device)  # (max_len,)
+    angles = pos[:, None] * _inverse_frequencies(d_model, base, torch.float64, device)[None, :]  # (max_len, ceil(E/2))
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64, device=device)  # (max_len, E)
+    pe[:, 0::2] = torch.sin(angles)
+    pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return pe.to(dtype)
+
+
+def shift_matrix(
+    k: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None, device=None
+) -> torch.Tensor:
+    """The fixed ``(d_model, d_model)`` matrix ``M_k`` with, for every ``pos``,
+
+        PE(pos + k) = PE(pos) @ M_k        (PE rows are row vectors)
+
+    where ``PE`` is :func:`sinusoidal_encoding`. It is block diagonal: the
+    block for columns ``(2i, 2i + 1)`` is ``[[cos w, -sin w], [sin w, cos w]]``
+    with ``w = k / base^(2i / d_model)``, a rotation, so ``M_k`` is
+    orthogonal, ``M_j @ M_k = M_(j + k)`` and ``M_(-k) = M_k^T``. This is why the
+    paper says a fixed offset is a linear function of the encoding.
+
+    ``d_model`` must be even: with an odd ``d_model`` the last column
+    ``sin(pos * w)`` has no cosine partner, and ``sin((pos + k) w)`` is not a
+    linear function of the row ``PE(pos)`` in general, so a ``ValueError`` is
+    raised. ``k`` may be negative.
+    """
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    d_model = _check_int("d_model", d_model)
+    if d_model % 2:
+        raise ValueError(
+            f"shift_matrix needs an even d_model, got d_model={d_model}: the last sine column "
+            f"sin(pos * w) has no cosine partner, so PE(pos + k) is not a linear map of PE(pos)"
+        )
+    base = _check_base(base)
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    w = k * _inverse_frequencies(d_model, base, torch.float64, device)  # (E/2,)
+    c, s = torch.cos(w), torch.sin(w)
+    m = torch.zeros(d_model, d_model, dtype=torch.float64, device=device)  # (E, E)
+    idx = torch.arange(0, d_model, 2, device=device)
+    m[idx, idx] = c
+    m[idx, idx + 1] = -s
+    m[idx + 1, idx] = s
+    m[idx + 1, idx + 1] = c
+    return m.to(dtype)
+
+
+def _check_embeddings(x: torch.Tensor, d_model: int, max_len: int, offset: int) -> int:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 3 or x.shape[-1] != d_model:
+        raise ValueError(f"x must be (B, T, {d_model}) (batch-first), got {_shape(x)}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be an int >= 0, got {offset!r}")
+    T = x.shape[1]
+    if offset + T > max_len:
+        raise ValueError(
+            f"positions {offset}..{offset + T - 1} (T={T}, offset={offset}) do not fit in max_len={max_len}"
+        )
+    return T
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Adds the fixed sinusoidal table to token embeddings.
+
+    Args:
+        d_model: model dimension E (odd is allowed).
+        max_len: longest sequence (plus ``offset``) it will see.
+        dropout: dropout applied to the sum (training only), as in the paper.
+        base: the 10000 of the formula.
+
+    ``forward(x, offset=0)`` takes ``x`` ``(B, T, E)`` and returns
+    ``dropout(x + PE[offset : offset + T])``. The table is a non-persistent
+    buffer named ``pe`` (it moves with ``.to()`` but is not saved in the
+    ``state_dict``: it is recomputed from the arguments).
+    """
+
+    pe: torch.Tensor
+
+    def __init__(self, d_model: int, max_len: int = 5000, dropout: float = 0.0, base: float = 10000.0):
+        super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.d_model = _check_int("d_model", d_model)
+        self.max_len = _check_int("max_len", max_len)
+        self.base = _check_base(base)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("pe", sinusoidal_encoding(max_len, d_model, base), persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, max_len={self.max_len}, base={self.base:g}"
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        T = _check_embeddings(x, self.d_model, self.max_len, offset)
+        pe = self.pe[offset : offset + T].to(x.dtype)  # (T, E)
+        return self.dropout(x + pe[None])  # (B, T, E)
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Adds a learned vector per position (BERT, GPT-2): an ``nn.Embedding``
+    with ``max_len`` rows of width ``d_model``, initialised N(0, 0.02^2).
+
+    ``forward(x, offset=0)`` takes ``x`` ``(B, T, E)`` and returns
+    ``dropout(x + P[offset : offset + T])``. Unlike the sinusoidal table it
+    cannot extrapolate: ``offset + T > max_len`` raises a ``ValueError``.
+    """
+
+    def __init__(self, d_model: int, max_len: int, dropout: float = 0.0):
+        super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.d_model = _check_int("d_model", d_model)
+        self.max_len = _check_int("max_len", max_len)
+        self.embedding = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.embedding.weight, std=0.02)
+        self.dropout = nn.Dropout(dropout)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, max_len={self.max_len}"
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        T = _check_embeddings(x, self.d_model, self.max_len, offset)
+        positions = torch.arange(offset, offset + T, device=x.device)  # (T,)
+        p = self.embedding(positions).to(x.dtype)  # (T, E)
+        return self.dropout(x + p[None])  # (B, T, E)
+
+
+# ---------------------------------------------------------------------------
+# Relative position bias (T5, Raffel et al., 2020)
+# ---------------------------------------------------------------------------
+
+
+def _check_buckets(bidirectional: bool, num_buckets: int, max_distance: int) -> None:
+    num_buckets = _check_int("num_buckets", num_buckets)
+    max_distance = _check_int("max_distance", max_distance)
+    half = num_buckets // 2 if bidirectional else num_buckets
+    if bidirectional and num_buckets % 2:
+        raise ValueError(f"bidirectional buckets need an even num_buckets (half per direction), got {num_buckets}")
+    if half < 2:
+        raise ValueError(f"num_buckets={num_buckets} is too small: need at least 2 per direction")
+    if max_distance <= half // 2:
+        raise ValueError(
+            f"max_distance={max_distance} must exceed the {half // 2} exact buckets "
+            f"(num_buckets={num_buckets}, bidirectional={bidirectional})"
+        )
+
+
+def relative_position_bucket(
+    relative_position: torch.Tensor, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
+) -> torch.Tensor:
+    """T5's bucket (an int64 tensor of the same shape) for each
+    ``relative_position = key_position - query_position``.
+
+    With ``bidirectional`` the buckets are split in two halves: keys before the
+    query use ``[0, num_buckets / 2)``, keys after it ``[num_buckets / 2,
+    num_buckets)``. Without it only keys at or before the query are told apart
+    (keys after the query all share bucket 0, the bucket of distance 0; a
+    causal mask hides them anyway). Within a half of ``n`` buckets, the
+    distances ``0 .. n/2 - 1`` get a bucket each; larger distances share
+    logarithmically wider buckets up to ``max_distance``, and every distance
+    beyond that lands in the last bucket. The bucket index grows with ``|distance|``.
+    """
+    if not isinstance(relative_position, torch.Tensor):
+        relative_position = torch.as_tensor(relative_position)
+    if relative_position.dtype.is_floating_point or relative_position.dtype == torch.bool:
+        raise TypeError(f"relative_position must be an integer tensor, got {relative_position.dtype}")
+    _check_buckets(bidirectional, num_buckets, max_distance)
+    rel = relative_position.long()
+    bucket = torch.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (rel > 0).long() * num_buckets  # keys after the query: upper half
+        distance = rel.abs()
+    else:
+        distance = (-rel).clamp(min=0)  # keys after the query count as distance 0
+    max_exact = num_buckets // 2
+    # log-spaced buckets for max_exact <= distance < max_distance; clamp keeps log() finite
+    # (float32 as in T5, so pretrained tables line up bucket for bucket)
+    far = distance.clamp(min=max_exact).to(torch.float32)
+    log_bucket = (
+        max_exact + (torch.log(far / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)).long()
+    )
+    log_bucket = log_bucket.clamp(max=num_buckets - 1)
+    return bucket + torch.where(distance < max_exact, distance, log_bucket)
+
+
+class RelativePositionBias(nn.Module):
+    """A learned scalar per (head, relative-position bucket), added to the scores (T5).
+
+    Args:
+        num_heads: H.
+        num_buckets, max_distance, bidirectional: see :func:`relative_position_bucket`
+            (encoders are bidirectional, decoder self-attention is not).
+
+    ``forward(T, S=None)`` returns a float bias ``(1, H, T, S)`` to pass as the
+    ``mask`` of :func:`attnbook.scaled_dot_product_attention` or
+    :class:`attnbook.MultiHeadAttention` (it broadcasts over B). ``S``
+    defaults to ``T``; when ``S != T`` the queries are the last T of the S
+    positions (query ``i`` sits at position ``i + S - T``, as when decoding with
+    a KV cache). The table is an ``nn.Embedding(num_buckets, H)`` initialised
+    N(0, 0.02^2).
+    """
+
+    def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True):
+        super().__init__()
+        self.num_heads = _check_int("num_heads", num_heads)
+        _check_buckets(bidirectional, num_buckets, max_distance)
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.bidirectional = bool(bidirectional)
+        self.embedding = nn.Embedding(num_buckets, num_heads)
+        nn.init.normal_(self.embedding.weight, std=0.02)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, "
+            f"max_distance={self.max_distance}, bidirectional={self.bidirectional}"
+        )
+
+    def forward(self, T: int, S: int | None = None) -> torch.Tensor:
+        T = _check_int("T", T)
+        S = T if S is None else _check_int("S", S)
+        device = self.embedding.weight.device
+        query_pos = torch.arange(T, device=device) + (S - T)  # (T,)
+        key_pos = torch.arange(S, device=device)  # (S,)
+        rel = key_pos[None, :] - query_pos[:, None]  # (T, S)
+        buckets = relative_position_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)  # (T, S)
+        bias = self.embedding(buckets)  # (T, S, H)
+        return bias.permute(2, 0, 1).unsqueeze(0)  # (1, H, T, S)
+
+
+# ---------------------------------------------------------------------------
+# Rotary position embedding (RoPE, Su et al., 2021)
+# ---------------------------------------------------------------------------
+
+
+def apply_rotary(x: torch.Tensor, positions=None, *, base: float = 10000.0, interleaved: bool = False) -> torch.Tensor:
+    """Rotate pairs of features of ``x`` ``(..., T, D)`` by position-dependent angles.
+
+    Pair ``i`` (``i = 0 .. D/2 - 1``) of the token at position ``m`` is rotated
+    by the angle ``m * base^(-2i / D)``. Applied to both queries and keys, the
+    score ``<R_m q, R_n k>`` depends on ``q``, ``k`` and ``m - n`` only, and the
+    norms are unchanged.
+
+    Args:
+        x: ``(..., T, D)`` with ``D`` even, e.g. queries ``(B, H, T, D)``.
+        positions: the position of each of the T tokens; default ``arange(T)``.
+            A tensor (or sequence) of ints (floats are accepted, for position
+            interpolation) of shape ``(T,)`` or any shape broadcastable to
+            ``x.shape[:-1]``, e.g. ``offset + arange(T)`` for new tokens after a KV
+            cache, or ``(B, 1, T)`` per-sequence positions for ``(B, H, T, D)``.
+        base: the 10000 of the frequencies (Llama 3 and others use larger bases).
+        interleaved: which features form a pair. ``True`` pairs ``(0, 1), (2, 3), ...``
+            (RoFormer, GPT-J, Meta's Llama checkpoints); ``False`` pairs
+            ``(i, i + D/2)`` (GPT-NeoX, Hugging Face's ``rotate_half``). See
+            :func:`rotary_permutation` to move weights between the two.
+
+    The rotation is computed in at least float32 and returned in ``x.dtype``.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
+    if x.dim() < 2:
+        raise ValueError(f"x must be (..., T, D), got shape {_shape(x)}")
+    T, D = x.shape[-2], x.shape[-1]
+    if D % 2:
+        raise ValueError(
+            f"RoPE rotates pairs of features, so the head dim D must be even; got D={D} (x is {_shape(x)})"
+        )
+    base = _check_base(base)
+    work = torch.promote_types(x.dtype, torch.float32)
+    if positions is None:
+        positions = torch.arange(T, device=x.device)  # (T,)
+    positions = torch.as_tensor(positions, device=x.device)
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise TypeError(f"positions must be ints (or floats), got {positions.dtype}")
+    try:
+        ok = positions.dim() >= 1 and torch.broadcast_shapes(positions.shape, x.shape[:-1]) == x.shape[:-1]
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"positions of shape {tuple(positions.shape)} must be (T,) = ({T},) or broadcast to "
+            f"x.shape[:-1] = {tuple(x.shape[:-1])}"
+        )
+    inv_freq = torch.exp(-math.log(base) * torch.arange(0, D, 2, dtype=torch.float64, device=x.device) / D)  # (D/2,)
+    angles = positions.to(torch.float64)[..., None] * inv_freq  # (..., T, D/2)
+    cos, sin = torch.cos(angles).to(work), torch.sin(angles).to(work)  # (..., T, D/2)
+    xw = x.to(work)
+    if interleaved:
+        x1, x2 = xw[..., 0::2], xw[..., 1::2]  # (..., T, D/2) each
+        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (..., T, D/2, 2)
+        out = out.flatten(-2)  # (..., T, D)
+    else:
+        x1, x2 = xw[..., : D // 2], xw[..., D // 2 :]  # (..., T, D/2) each
+        out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (..., T, D)
+    return out.to(x.dtype)
+
+
+def rotary_permutation(D: int, *, inverse: bool = False, device=None) -> torch.Tensor:
+    """Index permutation (int64, length D) between the two RoPE pairings.
+
+    ``perm = [0, 2, 4, ..., D-2, 1, 3, ..., D-1]`` takes the interleaved layout to
+    the half-split one: feature ``2i`` goes to ``i`` and ``2i + 1`` to ``i + D/2``, so
+
+        apply_rotary(x, interleaved=True)[..., perm] == apply_rotary(x[..., perm], interleaved=False)
+
+    ``inverse=True`` gives the way back (``argsort(perm)``). Applied to the
+    rows of the query and key projection weights (per head) it converts a
+    checkpoint from one convention to the other; scores are unchanged because
+    a dot product does not care about the order of the features.
+    """
+    D = _check_int("D", D)
+    if D % 2:
+        raise ValueError(f"RoPE pairs features, so D must be even; got D={D}")
+    perm = torch.cat((torch.arange(0, D, 2, device=device), torch.arange(1, D, 2, device=device)))  # (D,)
+    return torch.argsort(perm) if inverse else perm
+
+
+# ---------------------------------------------------------------------------
+# ALiBi (Press et al., 2022)
+# ---------------------------------------------------------------------------
+
+
+def _slopes_power_of_two(n: int) -> list[float]:
+    return [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
+
+
+def alibi_slopes(num_heads: int, *, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """The per-head slopes ``(H,)`` of ALiBi.
+
+    For ``H`` a power of two: ``2^(-8 i / H)`` for ``i = 1 .. H`` (8 heads:
+    1/2, 1/4, ..., 1/256). Otherwise, with ``n`` the largest power of two below
+    ``H``: the ``n`` slopes for ``n`` heads, followed by the first ``H - n`` of
+    every other slope (``[0::2]``) of the ``2n``-head sequence, as in the ALiBi
+    authors' reference code.
+    """
+    num_heads = _check_int("num_heads", num_heads)
+    n = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = _slopes_power_of_two(n)
+    if n < num_heads:
+        slopes += _slopes_power_of_two(2 * n)[0::2][: num_heads - n]
+    return torch.tensor(slopes, dtype=dtype, device=device)
+
+
+def alibi_bias(
+    num_heads: int,
+    T: int,
+    S: int | None = None,
+    *,
+    causal: bool = True,
+    dtype: torch.dtype = torch.float32,
+    device=None,
+) -> torch.Tensor:
+    """ALiBi's float bias ``(H, T, S)``: ``-slope_h * distance``, to pass as the
+    float ``mask`` of :func:`attnbook.scaled_dot_product_attention` (it
+    broadcasts with the scores ``(B, H, T, S)``).
+
+    The queries are the last T of the S positions: query ``i`` sits at
+    position ``i + S - T`` (``S`` defaults to ``T``), so the distance to key
+    ``j`` is ``i + S - T - j``.
+
+    ``causal=True`` (ALiBi's decoder setting; needs ``S >= T``): keys at or
+    before the query get ``-slope * distance`` (0 for the query's own position)
+    and keys after it get ``torch.finfo(dtype).min``, so this bias alone is
+    both the positional bias and the causal mask. ``causal=False`` gives the
+    symmetric ``-slope * |distance|`` for every key (a common bidirectional
+    variant, not in the paper). Pass the ``dtype`` of the scores (e.g.
+    ``torch.float16``) so the blocked value is that dtype's minimum.
+    """
+    num_heads = _check_int("num_heads", num_heads)
+    T = _check_int("T", T)
+    S = T if S is None else _check_int("S", S)
+    if causal and S < T:
+        raise ValueError(
+            f"a causal ALiBi bias puts the T={T} queries at the last T of the S={S} key positions, so it needs S >= T"
+        )
+    slopes = alibi_slopes(num_heads, dtype=torch.float64, device=device)  # (H,)
+    query_pos = torch.arange(T, device=device) + (S - T)  # (T,)
+    key_pos = torch.arange(S, device=device)  # (S,)
+    distance = (query_pos[:, None] - key_pos[None, :]).to(torch.float64)  # (T, S)
+    bias = -slopes[:, None, None] * distance.abs()[None] + 0.0  # (H, T, S); + 0.0 turns -0.0 into 0.0
+    bias = bias.to(dtype)
+    if causal:
+        bias = bias.masked_fill((distance < 0)[None], torch.finfo(dtype).min)  # (H, T, S)
+    return bias
