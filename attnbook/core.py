@@ -139,8 +139,12 @@ def scaled_dot_product_attention(
         else:
             scores = scores + mask.to(scores.dtype)
     if blocked_rows is None:
-        # a float mask may hold -inf; a row that is -inf everywhere has no keys
-        blocked_rows = scores.amax(dim=-1, keepdim=True) == float("-inf")
+        # a float mask may block with -inf or with finfo.min (see masks.to_additive);
+        # a row whose every score is that low has no keys to attend to
+        blocked_rows = scores.amax(dim=-1, keepdim=True) <= torch.finfo(scores.dtype).min / 2
+        # softmax of an all -inf row is NaN, and so would be its gradient: give
+        # such rows finite scores here; their weights are zeroed just below
+        scores = scores.masked_fill(blocked_rows, 0.0)
 
     # softmax in at least float32: float16/bfloat16 lose too much in exp()
     weights = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))

@@ -6,15 +6,15 @@ attnbook's convention: a bool mask is True where a query **may attend** to a
 key, as in ``torch.nn.functional.scaled_dot_product_attention``. Other
 conventions you will meet, and the converters for them:
 
-=======================================  ==================  ===========================
-where                                    dtype               meaning
-=======================================  ==================  ===========================
-attnbook, ``F.scaled_dot_product_attention``  bool           True = may attend
-``nn.MultiheadAttention`` ``attn_mask``  bool                True = blocked
-``nn.MultiheadAttention`` ``key_padding_mask``  bool (B, S)  True = padding (blocked)
-additive ("float") masks                 float               0 = attend, very negative = blocked
-lengths                                  int (B,)            first ``length`` keys are real
-=======================================  ==================  ===========================
+* attnbook and ``F.scaled_dot_product_attention``: bool, True = may attend.
+* ``nn.MultiheadAttention``'s ``attn_mask``: bool, True = **blocked**
+  (:func:`from_blocked`, :func:`to_blocked`).
+* ``nn.MultiheadAttention``'s ``key_padding_mask``: bool ``(B, S)``, True = padding
+  (:func:`from_key_padding_mask`).
+* additive float masks: 0 = attend, a very negative number = blocked
+  (:func:`to_additive`, :func:`from_additive`).
+* sequence lengths: int ``(B,)``, the first ``length`` keys are real
+  (:func:`padding_mask`, :func:`lengths_from_mask`).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def padding_mask(lengths, max_len: int | None = None) -> torch.Tensor:
     ``max_len`` or, by default, the longest length. The shape broadcasts over
     heads (H) and queries (T).
     """
-    lengths = torch.as_tensor(lengths)
+    lengths = torch.as_tensor(lengths, dtype=torch.long) if isinstance(lengths, (list, tuple)) and not lengths else torch.as_tensor(lengths)
     if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
         raise TypeError(f"lengths must be a 1-D sequence of ints, got shape {tuple(lengths.shape)} and {lengths.dtype}")
     if len(lengths) and int(lengths.min()) < 0:

@@ -304,11 +304,6 @@ def test_float16_literal_minus_1e9_overflows_but_finfo_min_does_not():
     torch.testing.assert_close(out[..., [0, 2], :], out_b[..., [0, 2], :])
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="core treats a float mask row as empty only when it is -inf; a row of finfo.min from "
-    "to_additive gets uniform weights instead of zeros (bool masks give zeros)",
-)
 def test_fully_blocked_row_same_for_bool_and_additive():
     q, k, v = torch.randn(3, 1, 3, 4)
     mask = causal_mask(3)

@@ -1,0 +1,162 @@
+"""attnbook.MultiHeadAttention against torch.nn.MultiheadAttention, and its properties."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from attnbook import MultiHeadAttention, causal_mask, merge_heads, padding_mask, split_heads
+
+
+def _x(*shape, seed=0, dtype=torch.float64):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _torch_mha(E, H, batch_first=True, bias=True, kdim=None, vdim=None, seed=0):
+    torch.manual_seed(seed)
+    m = nn.MultiheadAttention(E, H, batch_first=batch_first, bias=bias, kdim=kdim, vdim=vdim).double().eval()
+    with torch.no_grad():  # non-zero biases so that they are checked too
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return m
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "padding", "both"])
+def test_from_torch_self_attention(batch_first, bias, mask_kind):
+    E, H, B, T = 16, 4, 3, 6
+    m = _torch_mha(E, H, batch_first, bias)
+    ours = MultiHeadAttention.from_torch(m).eval()
+    x = _x(B, T, E, seed=1)
+    mask = {"none": None, "causal": causal_mask(T), "padding": padding_mask([6, 4, 2]),
+            "both": causal_mask(T) & padding_mask([6, 4, 2])}[mask_kind]
+    out, w = ours(x, mask=mask)
+    xin = x if batch_first else x.transpose(0, 1)
+    kw = {}
+    if mask is not None:
+        blocked = ~mask.expand(B, H, T, T).reshape(B * H, T, T)  # torch: True = blocked, per batch*head
+        kw["attn_mask"] = blocked
+    ref_out, ref_w = m(xin, xin, xin, average_attn_weights=False, **kw)
+    if not batch_first:
+        ref_out = ref_out.transpose(0, 1)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(w, ref_w)
+
+
+def test_from_torch_cross_attention_with_kdim_vdim_and_grads():
+    E, H = 12, 3
+    m = _torch_mha(E, H, kdim=7, vdim=5)
+    ours = MultiHeadAttention.from_torch(m)
+    q, k, v = _x(2, 4, E, seed=1), _x(2, 9, 7, seed=2), _x(2, 9, 5, seed=3)
+    out, w = ours(q, k, v)
+    ref_out, ref_w = m(q, k, v, average_attn_weights=False)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(w, ref_w)
+    assert w.shape == (2, H, 4, 9)
+    out.sum().backward()
+    ref_out.sum().backward()
+    torch.testing.assert_close(ours.q_proj.weight.grad, m.q_proj_weight.grad)
+    torch.testing.assert_close(ours.v_proj.weight.grad, m.v_proj_weight.grad)
+
+
+def test_key_padding_mask_matches_torch():
+    E, H, B, T = 8, 2, 2, 5
+    m = _torch_mha(E, H)
+    ours = MultiHeadAttention.from_torch(m)
+    x = _x(B, T, E, seed=3)
+    lengths = torch.tensor([5, 3])
+    kpm = torch.arange(T)[None] >= lengths[:, None]  # torch: True = padding
+    ref_out, ref_w = m(x, x, x, key_padding_mask=kpm, average_attn_weights=False)
+    out, w = ours(x, mask=padding_mask(lengths))
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(w, ref_w)
+
+
+def test_cross_attention_uses_its_own_key_and_value_projections():
+    # the seed's module projected only `query`; ours must react to key and value
+    mha = MultiHeadAttention(8, 2).double()
+    q, mem = _x(1, 3, 8, seed=1), _x(1, 5, 8, seed=2)
+    out, w = mha(q, mem)  # value defaults to key
+    assert w.shape == (1, 2, 3, 5) and out.shape == (1, 3, 8)
+    out2, _ = mha(q, mem * 2)
+    assert not torch.allclose(out, out2)
+    k, v = mha.k_proj(mem), mha.v_proj(mem)
+    ref = F.scaled_dot_product_attention(split_heads(mha.q_proj(q), 2), split_heads(k, 2), split_heads(v, 2))
+    torch.testing.assert_close(out, mha.out_proj(merge_heads(ref)))
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "padding", "float"])
+def test_fast_path_equals_explicit_path(mask_kind):
+    mha = MultiHeadAttention(16, 4).double().eval()
+    x = _x(2, 6, 16, seed=5)
+    mask = {"none": None, "causal": causal_mask(6), "padding": padding_mask([6, 3]),
+            "float": _x(1, 4, 6, 6, seed=6)}[mask_kind]
+    slow, w = mha(x, mask=mask)
+    fast, none = mha(x, mask=mask, need_weights=False)
+    assert none is None and w is not None
+    torch.testing.assert_close(fast, slow)
+
+
+def test_fully_masked_query_rows_are_zero_in_both_paths():
+    mha = MultiHeadAttention(8, 2, bias=False).double()
+    x = _x(1, 4, 8, seed=2)
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[2] = False
+    for need in (True, False):
+        out, _ = mha(x, mask=mask, need_weights=need)
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out[0, 2], torch.zeros(8, dtype=torch.float64))
+
+
+def test_split_merge_roundtrip_and_shapes():
+    x = _x(2, 5, 12)
+    h = split_heads(x, 3)
+    assert h.shape == (2, 3, 5, 4)
+    torch.testing.assert_close(h[:, 1], x[..., 4:8])
+    torch.testing.assert_close(merge_heads(h), x)
+
+
+def test_permutation_equivariance_and_causal_no_leak():
+    mha = MultiHeadAttention(8, 2).double()
+    x = _x(1, 6, 8, seed=9, dtype=torch.float64).requires_grad_(True)
+    perm = torch.tensor([3, 0, 5, 1, 4, 2])
+    out, _ = mha(x)
+    out_p, _ = mha(x[:, perm])
+    torch.testing.assert_close(out_p, out[:, perm])
+    out_c, _ = mha(x, mask=causal_mask(6))
+    for t in range(6):
+        (g,) = torch.autograd.grad(out_c[0, t].sum(), x, retain_graph=True)
+        assert torch.all(g[0, t + 1:] == 0)
+
+
+def test_unbatched_input():
+    mha = MultiHeadAttention(8, 2).double()
+    x = _x(5, 8)
+    out, w = mha(x)
+    batched, wb = mha(x[None])
+    assert out.shape == (5, 8) and w.shape == (2, 5, 5)
+    torch.testing.assert_close(out, batched[0])
+
+
+def test_errors():
+    with pytest.raises(ValueError, match=r"d_model=10 is not divisible by num_heads=3"):
+        MultiHeadAttention(10, 3)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        MultiHeadAttention(8, 4, num_kv_heads=3)
+    mha = MultiHeadAttention(8, 2)
+    with pytest.raises(ValueError, match=r"query must be \(B, length, 8\).*\(2, 5, 6\)"):
+        mha(torch.randn(2, 5, 6))
+    with pytest.raises(ValueError, match=r"mask of shape \(4, 4\)"):
+        mha(torch.randn(2, 5, 8), mask=torch.ones(4, 4, dtype=torch.bool))
+    with pytest.raises(TypeError, match="MultiheadAttention"):
+        MultiHeadAttention.from_torch(nn.Linear(3, 3))
+
+
+def test_module_trains_on_gpu_like_devices_when_present():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    mha = MultiHeadAttention(8, 2).to(dev)
+    x = torch.randn(2, 3, 8, device=dev)
+    out, w = mha(x, mask=causal_mask(3, device=dev))
+    out.sum().backward()
+    assert mha.q_proj.weight.grad is not None and w.device.type == dev
