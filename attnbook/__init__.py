@@ -2,21 +2,39 @@
 
 Dimension legend: B batch, H heads, T query length, S key length, D head dim,
 E model dim. Bool masks are True where a query may attend a key.
+
+Submodules: ``core`` (scaled dot-product attention), ``masks``, ``mha``
+(multi-head attention), ``positional``, ``widgets`` and ``explorer`` (the
+explorers), ``plotting``, ``exercises``.
 """
 
+from . import masks
 from .core import default_device, scaled_dot_product_attention
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .mha import MultiHeadAttention, merge_heads, split_heads
+from .positional import (
+    alibi_bias,
+    alibi_slopes,
+    apply_rotary,
+    rotary_permutation,
+    sinusoidal_encoding,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "scaled_dot_product_attention",
     "default_device",
+    "masks",
     "causal_mask",
     "padding_mask",
     "sliding_window_mask",
     "MultiHeadAttention",
     "split_heads",
     "merge_heads",
+    "sinusoidal_encoding",
+    "apply_rotary",
+    "rotary_permutation",
+    "alibi_slopes",
+    "alibi_bias",
 ]

@@ -19,7 +19,6 @@ conventions you will meet, and the converters for them:
 
 from __future__ import annotations
 
-
 import torch
 
 __all__ = [

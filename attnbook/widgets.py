@@ -18,7 +18,6 @@ from matplotlib.figure import Figure
 
 from .explorer import Control, Explorer, available_devices
 from .mha import MultiHeadAttention
-from .plotting import heads_grid
 
 __all__ = [
     "saturation_explorer",
@@ -26,6 +25,12 @@ __all__ = [
     "softmax_stats",
     "DK_VALUES",
     "SENTENCES",
+    "mosaic",
+    "mask_explorer",
+    "build_mask",
+    "MASK_KINDS",
+    "position_explorer",
+    "POSITION_KINDS",
 ]
 
 DK_VALUES = [2**i for i in range(11)]  # 1 .. 1024
@@ -96,16 +101,16 @@ def saturation_explorer(seed: int = 0) -> Explorer:
             "curves": _saturation_curves(T, device),
         }
 
-    def draw(d):
+    figures = {}  # (T, device) -> (fig, artists): built once, then only their data change
+
+    def _build(d):
         fig = Figure(figsize=(8.4, 5.2), dpi=72)
         fig.subplots_adjust(left=0.06, right=0.98, top=0.94, bottom=0.09, hspace=0.42, wspace=0.18)
         (a1, a2), (a3, a4) = fig.subplots(2, 2)
-        a1.hist(d["logits"].flatten().numpy(), bins=40, color="tab:blue")
-        a1.set_title(f"logits q·k{' / √d_k' if d['scaled'] else ''}: std {d['logit_std']:.2f}", fontsize=10)
+        hist = a1.bar(range(40), [0.0] * 40, width=1.0, color="tab:blue")
         a1.set_xlabel("logit")
-        a2.bar(range(d["T"]), d["weights"].numpy(), color="tab:orange")
+        bars = a2.bar(range(d["T"]), [0.0] * d["T"], color="tab:orange")
         a2.set_ylim(0, 1)
-        a2.set_title(f"one query's weights over {d['T']} keys (max {d['weights'].max():.2f})", fontsize=10)
         a2.set_xlabel("key")
         c = d["curves"]
         for name, style in (("unscaled", "--"), ("scaled", "-")):
@@ -115,13 +120,34 @@ def saturation_explorer(seed: int = 0) -> Explorer:
         a3.axhline(math.log(d["T"]), color="gray", lw=0.8, ls=":")
         a3.set_title(f"entropy (uniform = log T = {math.log(d['T']):.2f})", fontsize=10)
         a4.set_title("softmax Jacobian norm and max weight", fontsize=10)
+        marks = []
         for ax in (a3, a4):
             ax.set_xscale("log", base=2)
             ax.set_xticks(DK_TICKS, labels=[str(t) for t in DK_TICKS])  # plain labels: mathtext is slow
             ax.minorticks_off()
-            ax.axvline(d["d_k"], color="red", lw=1)
+            marks.append(ax.axvline(d["d_k"], color="red", lw=1))
             ax.set_xlabel("d_k")
             ax.legend(fontsize=7)
+        return fig, {"hist": hist, "bars": bars, "marks": marks, "a1": a1, "a2": a2}
+
+    def draw(d):
+        key = (d["T"], d["device"])
+        if key not in figures:
+            figures[key] = _build(d)
+        fig, art = figures[key]
+        counts, edges = torch.histogram(d["logits"].flatten().double(), bins=40)
+        for rect, n, left in zip(art["hist"], counts.tolist(), edges[:-1].tolist()):
+            rect.set_x(left)
+            rect.set_width(float(edges[1] - edges[0]))
+            rect.set_height(n)
+        art["a1"].set_xlim(float(edges[0]), float(edges[-1]))
+        art["a1"].set_ylim(0, float(counts.max()) * 1.05)
+        art["a1"].set_title(f"logits q·k{' / √d_k' if d['scaled'] else ''}: std {d['logit_std']:.2f}", fontsize=10)
+        for rect, w in zip(art["bars"], d["weights"].tolist()):
+            rect.set_height(w)
+        art["a2"].set_title(f"one query's weights over {d['T']} keys (max {d['weights'].max():.2f})", fontsize=10)
+        for mark in art["marks"]:
+            mark.set_xdata([d["d_k"], d["d_k"]])
         return fig
 
     def caption(d):
@@ -150,6 +176,17 @@ def _token_embeddings(tokens: list[str], d_model: int, seed: int = 0) -> torch.T
         g = torch.Generator().manual_seed(zlib.crc32(tok.encode()) + seed)
         rows.append(torch.randn(d_model, generator=g) + 0.5 * torch.sin(torch.arange(d_model) * 0.7 + pos))
     return torch.stack(rows)  # (T, E)
+
+
+def mosaic(weights: torch.Tensor, ncols: int) -> torch.Tensor:
+    """Tile H maps (H, T, S) into one (rows*(T+1)-1, ncols*(S+1)-1) image, NaN between tiles."""
+    H, T, S = weights.shape
+    nrows = -(-H // ncols)
+    out = torch.full((nrows * (T + 1) - 1, ncols * (S + 1) - 1), float("nan"))
+    for h in range(H):
+        r, c = divmod(h, ncols)
+        out[r * (T + 1): r * (T + 1) + T, c * (S + 1): c * (S + 1) + S] = weights[h]
+    return out
 
 
 def _divisors(n: int) -> list[int]:
@@ -187,12 +224,19 @@ def head_explorer(d_model: int = 32, sentences: list[str] | None = None, seed: i
         }
 
     def draw(d):
-        H = d["num_heads"]
+        H, T = d["num_heads"], len(d["tokens"])
         ncols = min(H, 8)
-        nrows = -(-H // ncols)
-        fig = Figure(figsize=(min(1.6 * ncols + 0.6, 12), 1.6 * nrows + 0.6), dpi=72, layout="constrained")
-        heads_grid(d["weights"], fig, tokens=d["tokens"] if H <= 4 else None, ncols=ncols)
-        fig.suptitle(f"{H} head{'s' if H > 1 else ''} of d_k = {d['head_dim']}", fontsize=10)
+        tiles = mosaic(d["weights"], ncols)  # one image for all heads: far faster than H axes
+        fig = Figure(figsize=(min(1.3 * ncols + 1.2, 11), 1.3 * (-(-H // ncols)) + 0.9), dpi=72)
+        fig.subplots_adjust(left=0.02, right=0.98, top=0.85, bottom=0.03)
+        ax = fig.subplots()
+        ax.imshow(tiles, cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+        for h in range(H):
+            r, c = divmod(h, ncols)
+            ax.text(c * (T + 1), r * (T + 1) - 0.7, f"head {h}", fontsize=7, va="bottom")
+        ax.axis("off")
+        fig.suptitle(f"{H} head{'s' if H > 1 else ''} of d_k = {d['head_dim']} "
+                     f"(each map: query rows x key columns)", fontsize=10)
         return fig
 
     def caption(d):
@@ -211,3 +255,141 @@ def head_explorer(d_model: int = 32, sentences: list[str] | None = None, seed: i
     )
 
 
+
+
+# --------------------------------------------------------------------- masks
+MASK_KINDS = ["causal", "padding", "sliding window", "causal + padding", "causal + window"]
+
+
+def build_mask(kind: str, T: int, window: int, length: int) -> torch.Tensor:
+    """The bool (T, T) mask an explorer kind stands for (True = may attend)."""
+    from .masks import causal_mask, combine_masks, padding_mask, sliding_window_mask
+
+    if kind not in MASK_KINDS:
+        raise ValueError(f"kind must be one of {MASK_KINDS}, got {kind!r}")
+    pad = padding_mask([min(length, T)], max_len=T)[0, 0]  # (1, S) -> broadcasts over queries
+    parts = {
+        "causal": [causal_mask(T)],
+        "padding": [pad],
+        "sliding window": [sliding_window_mask(T, window)],
+        "causal + padding": [causal_mask(T), pad],
+        "causal + window": [sliding_window_mask(T, window, causal=True)],
+    }[kind]
+    return combine_masks(*parts).expand(T, T)
+
+
+def mask_explorer(seed: int = 0, d_model: int = 16) -> Explorer:
+    """Mask kind (causal, padding lengths, sliding window, combinations), window,
+    padding length, sequence length and device -> the mask and the attention it allows."""
+    from .core import scaled_dot_product_attention
+
+    def compute(kind, T, window, length, device):
+        mask = build_mask(kind, T, window, length)  # (T, S)
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(T, d_model, generator=g)  # (T, E)
+        wq, wk = (torch.randn(d_model, d_model, generator=g) / d_model**0.5 for _ in range(2))
+        q, k = (x @ wq).to(device), (x @ wk).to(device)  # (T, D) each
+        _, w = scaled_dot_product_attention(q, k, k, mask.to(device))  # (T, S)
+        w = w.cpu()
+        empty = int((~mask.any(-1)).sum())
+        return {"kind": kind, "T": T, "window": window, "length": length, "device": device,
+                "mask": mask, "weights": w, "allowed": int(mask.sum()), "empty_rows": empty}
+
+    def draw(d):
+        fig = Figure(figsize=(7.2, 3.4), dpi=72)
+        fig.subplots_adjust(left=0.08, right=0.98, top=0.86, bottom=0.15, wspace=0.3)
+        a1, a2 = fig.subplots(1, 2)
+        a1.imshow(d["mask"].numpy(), cmap="Greys_r", vmin=0, vmax=1)
+        a1.set_title("mask (white = may attend)", fontsize=10)
+        a2.imshow(d["weights"].numpy(), cmap="viridis", vmin=0, vmax=1)
+        a2.set_title("attention weights", fontsize=10)
+        for ax in (a1, a2):
+            ax.set_xlabel("key j")
+            ax.set_ylabel("query i")
+        fig.suptitle(d["kind"], fontsize=11)
+        return fig
+
+    def caption(d):
+        return (f"{d['kind']}, T = {d['T']}, window = {d['window']}, real length = {min(d['length'], d['T'])}: "
+                f"{d['allowed']} of {d['T'] ** 2} (query, key) pairs allowed; "
+                f"{d['empty_rows']} query row(s) with no key (their weights are all 0, not NaN)")
+
+    return Explorer(
+        "Masks",
+        [
+            Control("kind", MASK_KINDS, "causal", label="mask", kind="dropdown"),
+            Control("T", [4, 6, 8, 12, 16], 8, label="sequence length", static=[8]),
+            Control("window", [0, 1, 2, 3, 4], 2, label="window", static=[1, 3]),
+            Control("length", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16], 5, label="real length (padding)", static=[5]),
+            Control("device", available_devices(), "cpu", label="device", kind="dropdown", static=["cpu"]),
+        ],
+        compute, draw, caption,
+    )
+
+
+# --------------------------------------------------------------------- positions
+POSITION_KINDS = ["sinusoidal", "learned (untrained)", "RoPE", "ALiBi"]
+
+
+def position_explorer(T: int = 32, seed: int = 0) -> Explorer:
+    """Encoding kind, d_model and a position offset -> the encodings of positions
+    offset .. offset+T-1 and how strongly each position relates to each other one."""
+    from .positional import alibi_bias, apply_rotary, sinusoidal_encoding
+
+    def compute(kind, d_model, offset, device):
+        pos = torch.arange(offset, offset + T, device=device)  # (T,)
+        if kind == "sinusoidal":
+            enc = sinusoidal_encoding(offset + T, d_model, device=device)[offset:]  # (T, E)
+            sim = enc @ enc.T / enc.norm(dim=-1).pow(2).mean()  # (T, T)
+            what = "PE(i) · PE(j), normalised"
+        elif kind == "learned (untrained)":
+            g = torch.Generator().manual_seed(seed)
+            table = torch.randn(offset + T, d_model, generator=g).to(device) * 0.02  # (max_len, E)
+            enc = table[offset:]
+            sim = enc @ enc.T / enc.norm(dim=-1).pow(2).mean()
+            what = "embedding(i) · embedding(j), normalised (no structure until trained)"
+        elif kind == "RoPE":
+            g = torch.Generator().manual_seed(seed)
+            v = torch.randn(d_model, generator=g).to(device)  # one content vector at every position
+            enc = apply_rotary(v.expand(T, d_model), pos)  # (T, E): rotated copies
+            sim = enc @ enc.T / v.pow(2).sum()  # depends on i - j only
+            what = "rotated(q, i) · rotated(k, j) for the same vector q = k, normalised"
+        elif kind == "ALiBi":
+            bias = alibi_bias(8, T, causal=False, device=device)  # (H, T, S)
+            enc = bias[:, T // 2, :].T.expand(T, 8)  # (T, H): each head's bias for the middle query
+            sim = bias[0]  # head 0's bias, -slope * |i - j|
+            what = "ALiBi bias of head 0 (no encoding is added; scores get -slope·|i - j|)"
+        else:
+            raise ValueError(f"kind must be one of {POSITION_KINDS}, got {kind!r}")
+        return {"kind": kind, "d_model": d_model, "offset": offset, "device": device,
+                "encoding": enc.float().cpu(), "similarity": sim.float().cpu(), "what": what}
+
+    def draw(d):
+        fig = Figure(figsize=(7.6, 3.4), dpi=72)
+        fig.subplots_adjust(left=0.08, right=0.98, top=0.86, bottom=0.15, wspace=0.3)
+        a1, a2 = fig.subplots(1, 2)
+        a1.imshow(d["encoding"].numpy(), cmap="RdBu_r", aspect="auto")
+        a1.set_xlabel("head" if d["kind"] == "ALiBi" else "feature")
+        a1.set_ylabel(f"position ({d['offset']} + row)")
+        a1.set_title("bias per head (middle query)" if d["kind"] == "ALiBi" else "encoding", fontsize=10)
+        a2.imshow(d["similarity"].numpy(), cmap="viridis")
+        a2.set_xlabel("position j")
+        a2.set_ylabel("position i")
+        a2.set_title("position-to-position", fontsize=10)
+        fig.suptitle(f"{d['kind']}, d_model = {d['d_model']}, positions {d['offset']}..{d['offset'] + T - 1}",
+                     fontsize=11)
+        return fig
+
+    def caption(d):
+        return d["what"]
+
+    return Explorer(
+        "Positional encodings",
+        [
+            Control("kind", POSITION_KINDS, "sinusoidal", label="encoding", kind="dropdown"),
+            Control("d_model", [8, 16, 32, 64, 128], 64, label="d_model", static=[16, 64]),
+            Control("offset", [0, 10, 100, 1000], 0, label="position offset", static=[0, 1000]),
+            Control("device", available_devices(), "cpu", label="device", kind="dropdown", static=["cpu"]),
+        ],
+        compute, draw, caption,
+    )

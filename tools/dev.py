@@ -34,7 +34,7 @@ def run(*cmd, env=None, check=True) -> int:
 
 
 def ensure_venv() -> None:
-    if sys.version_info < (3, 10):
+    if sys.version_info < (3, 10):  # noqa: UP036 (the point: a clear message on an old Python)
         sys.exit(f"Python >= 3.10 is needed, this is {sys.version.split()[0]}")
     if not PY.exists():
         run(sys.executable, "-m", "venv", VENV)

@@ -1,0 +1,137 @@
+"""The explorer machinery: controls, frames, the static scrubber, and how it displays
+(Jupyter with both outputs, Colab with a plain display(widget)); runs under ipywidgets 7 and 8."""
+
+import json
+import os
+import re
+import sys
+import types
+
+import ipywidgets
+import pytest
+from matplotlib.figure import Figure
+
+from attnbook.explorer import WIDGET_VIEW_MIME, Control, Explorer
+
+
+def test_runs_under_the_expected_ipywidgets():
+    expected = os.environ.get("ATTNBOOK_EXPECT_IPYWIDGETS")
+    if expected:
+        assert ipywidgets.__version__.split(".")[0] == expected, ipywidgets.__version__
+
+
+def _toy(calls=None):
+    def compute(a, b):
+        if calls is not None:
+            calls.append((a, b))
+        return {"a": a, "b": b, "y": [a * x + (1 if b == "up" else -1) for x in range(3)]}
+
+    def draw(d):
+        fig = Figure(figsize=(2, 1.5), dpi=40)
+        ax = fig.subplots()
+        ax.plot(range(3), d["y"])
+        ax.set_title(f"a={d['a']}")
+        return fig
+
+    return Explorer("Toy", [Control("a", [1, 2, 3], 2), Control("b", ["up", "down"], kind="toggle")],
+                    compute, draw, caption=lambda d: f"a is {d['a']}")
+
+
+def test_update_recomputes_and_redraws():
+    calls = []
+    ex = _toy(calls)
+    assert ex.values == {"a": 2, "b": "up"} and calls == [(2, "up")]
+    ex.update(a=3)
+    assert ex.data["y"] == [1, 4, 7]
+    assert list(ex.figure.axes[0].lines[0].get_ydata()) == [1, 4, 7]
+    assert ex.caption_text() == "a is 3"
+    with pytest.raises(ValueError, match=r"a=5 is not one of \[1, 2, 3\]"):
+        ex.update(a=5)
+    with pytest.raises(KeyError, match="no control named 'c'"):
+        ex.update(c=1)
+
+
+def test_control_validation():
+    with pytest.raises(ValueError, match="default 9"):
+        Control("x", [1, 2], 9)
+    with pytest.raises(ValueError, match="static values"):
+        Control("x", [1, 2], static=[3])
+    with pytest.raises(ValueError, match="kind"):
+        Control("x", [1, 2], kind="knob")
+
+
+def test_static_scrubber_is_self_contained_with_one_frame_per_combination():
+    ex = _toy()
+    html = ex.static_html()
+    frames = re.findall(r'<div class="ab-frame" data-i="(\d+)"', html)
+    assert frames == [str(i) for i in range(6)]  # 3 values of a x 2 of b
+    assert len(re.findall(r'src="data:image/png;base64,', html)) == 6
+    # nothing loaded from elsewhere: no external scripts, styles, fonts or images
+    assert not re.search(r'(src|href)="(https?:)?//', html)
+    assert "<script" not in html and "<link" not in html and "@import" not in html
+    ranges = re.findall(r'<input class="ab-range"[^>]*>', html)
+    assert len(ranges) == 2
+    labels = [json.loads(re.search(r'data-labels="([^"]*)"', r).group(1).replace("&quot;", '"')) for r in ranges]
+    assert labels == [["1", "2", "3"], ["up", "down"]]
+    strides = [int(re.search(r'data-stride="(\d+)"', r).group(1)) for r in ranges]
+    assert strides == [2, 1]
+    # the visible frame is the current values' one: a=2 (index 1), b=up (index 0) -> 1*2 + 0
+    visible = re.findall(r'<div class="ab-frame" data-i="(\d+)">', html)
+    assert visible == ["2"]
+    assert ex.values == {"a": 2, "b": "up"}  # rendering frames restores the values
+
+
+def test_fixed_controls_are_listed_not_scrubbed():
+    ex = Explorer("Fixed", [Control("a", [1, 2], static=[1]), Control("b", [3, 4])],
+                  lambda a, b: {"a": a, "b": b}, lambda d: Figure(figsize=(1, 1), dpi=20))
+    html = ex.static_html()
+    assert len(re.findall(r'class="ab-range"', html)) == 1
+    assert "a = 1 (run the notebook to change these)" in html
+
+
+def test_widget_drives_the_explorer():
+    ex = _toy()
+    box = ex.widget
+    slider = ex._controls_w["a"]
+    assert isinstance(slider, ipywidgets.SelectionSlider)
+    before = ex._image_w.value
+    slider.value = 1
+    assert ex.values["a"] == 1 and ex.data["y"] == [1, 2, 3]
+    assert ex._image_w.value != before and ex._image_w.value[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "a is 1" in ex._caption_w.value
+    ex.update(b="down")  # and the other way round: update() moves the widget
+    assert ex._controls_w["b"].value == "down"
+    assert box.children[-2] is ex._image_w
+
+
+def _capture(monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: shown.append((objs, kw)))
+    return shown
+
+
+def test_jupyter_display_publishes_widget_view_and_html(monkeypatch):
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    shown = _capture(monkeypatch)
+    ex = _toy()
+    ex._ipython_display_()
+    assert len(shown) == 1
+    (data,), kw = shown[0]
+    assert kw == {"raw": True}
+    assert set(data) == {"text/plain", "text/html", WIDGET_VIEW_MIME}
+    assert data[WIDGET_VIEW_MIME]["model_id"] == ex.widget.model_id
+    assert data[WIDGET_VIEW_MIME]["version_major"] == 2
+    assert 'class="attnbook-explorer"' in data["text/html"]
+    assert data["text/plain"] == "<Toy explorer: a=2, b=up>"
+
+
+def test_colab_display_is_a_plain_display_of_the_widget(monkeypatch):
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    shown = _capture(monkeypatch)
+    ex = _toy()
+    ex._ipython_display_()
+    assert len(shown) == 1
+    (obj,), kw = shown[0]
+    assert obj is ex.widget and kw == {}
