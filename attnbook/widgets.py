@@ -16,7 +16,7 @@ from functools import lru_cache
 import torch
 from matplotlib.figure import Figure
 
-from .explorer import Control, Explorer, available_devices
+from .explorer import Control, Explorer, FastFigure, available_devices
 from .mha import MultiHeadAttention
 
 __all__ = [
@@ -69,12 +69,12 @@ def _queries_keys(d_k: int, T: int, n: int, device: str, seed: int = 0):
 
 
 @lru_cache(maxsize=32)
-def _saturation_curves(T: int, device: str, n: int = 256) -> dict:
+def _saturation_curves(T: int, device: str, n: int = 256, seed: int = 0) -> dict:
     curves = {"d_k": DK_VALUES, "scaled": {}, "unscaled": {}}
     for name in ("scaled", "unscaled"):
         rows = []
         for d_k in DK_VALUES:
-            q, k = _queries_keys(d_k, T, n, device)
+            q, k = _queries_keys(d_k, T, n, device, seed)
             logits = (k @ q[:, :, None]).squeeze(-1)  # (N, T)
             if name == "scaled":
                 logits = logits / math.sqrt(d_k)
@@ -88,27 +88,34 @@ def saturation_explorer(seed: int = 0) -> Explorer:
     query's weights, and entropy / max weight / gradient norm against d_k."""
 
     def compute(d_k, T, scaled, device):
-        q, k = _queries_keys(d_k, T, 256, device, seed)
+        q, k = _queries_keys(d_k, T, 64, device, seed)
         logits = (k @ q[:, :, None]).squeeze(-1)  # (N, T): N queries against T keys each
         if scaled:
             logits = logits / math.sqrt(d_k)
         logits = logits.cpu()
-        stats = softmax_stats(logits)
+        curves = _saturation_curves(T, device, seed=seed)
+        at = curves["d_k"].index(d_k)
+        name = "scaled" if scaled else "unscaled"
+        stats = {key: curves[name][key][at] for key in ("entropy", "max_weight", "grad_norm")}  # 256 queries
         return {
             "d_k": d_k, "T": T, "scaled": scaled, "device": device,
             "logits": logits, "weights": torch.softmax(logits[0].double(), -1),
-            "logit_std": logits.std().item(), **stats,
-            "curves": _saturation_curves(T, device),
+            "logit_std": logits.std().item(), **stats, "curves": curves,
         }
 
     figures = {}  # (T, device) -> (fig, artists): built once, then only their data change
+    bins = torch.linspace(-64, 64, 65)  # one fixed logit axis for every d_k, so the spread is comparable
 
     def _build(d):
         fig = Figure(figsize=(8.4, 5.2), dpi=72)
         fig.subplots_adjust(left=0.06, right=0.98, top=0.94, bottom=0.09, hspace=0.42, wspace=0.18)
         (a1, a2), (a3, a4) = fig.subplots(2, 2)
-        hist = a1.bar(range(40), [0.0] * 40, width=1.0, color="tab:blue")
-        a1.set_xlabel("logit")
+        width = float(bins[1] - bins[0])
+        hist = a1.bar(bins[:-1].tolist(), [0.0] * 64, width=width, align="edge", color="tab:blue")
+        a1.set_xlim(-64, 64)
+        a1.set_ylim(0, 0.5)
+        a1.set_xlabel("logit (values beyond ±64 are piled into the end bins)")
+        a1.set_ylabel("share of logits")
         bars = a2.bar(range(d["T"]), [0.0] * d["T"], color="tab:orange")
         a2.set_ylim(0, 1)
         a2.set_xlabel("key")
@@ -128,6 +135,9 @@ def saturation_explorer(seed: int = 0) -> Explorer:
             marks.append(ax.axvline(d["d_k"], color="red", lw=1))
             ax.set_xlabel("d_k")
             ax.legend(fontsize=7)
+        t1 = a1.set_title(" ", fontsize=10)
+        t2 = a2.set_title(" ", fontsize=10)
+        FastFigure(fig, [*hist, *bars, *marks, t1, t2])
         return fig, {"hist": hist, "bars": bars, "marks": marks, "a1": a1, "a2": a2}
 
     def draw(d):
@@ -135,13 +145,10 @@ def saturation_explorer(seed: int = 0) -> Explorer:
         if key not in figures:
             figures[key] = _build(d)
         fig, art = figures[key]
-        counts, edges = torch.histogram(d["logits"].flatten().double(), bins=40)
-        for rect, n, left in zip(art["hist"], counts.tolist(), edges[:-1].tolist()):
-            rect.set_x(left)
-            rect.set_width(float(edges[1] - edges[0]))
-            rect.set_height(n)
-        art["a1"].set_xlim(float(edges[0]), float(edges[-1]))
-        art["a1"].set_ylim(0, float(counts.max()) * 1.05)
+        z = d["logits"].flatten().double().clamp(-63.999, 63.999)
+        share = torch.histogram(z, bins=bins.double())[0] / z.numel()
+        for rect, h in zip(art["hist"], share.tolist()):
+            rect.set_height(h)
         art["a1"].set_title(f"logits q·k{' / √d_k' if d['scaled'] else ''}: std {d['logit_std']:.2f}", fontsize=10)
         for rect, w in zip(art["bars"], d["weights"].tolist()):
             rect.set_height(w)
@@ -223,20 +230,27 @@ def head_explorer(d_model: int = 32, sentences: list[str] | None = None, seed: i
             "entropy": (-(w * torch.log(w.clamp_min(1e-12))).sum(-1)).mean().item(),
         }
 
+    figures = {}  # (H, T) -> (fig, image): the layout depends only on these
+
     def draw(d):
         H, T = d["num_heads"], len(d["tokens"])
         ncols = min(H, 8)
         tiles = mosaic(d["weights"], ncols)  # one image for all heads: far faster than H axes
-        fig = Figure(figsize=(min(1.3 * ncols + 1.2, 11), 1.3 * (-(-H // ncols)) + 0.9), dpi=72)
-        fig.subplots_adjust(left=0.02, right=0.98, top=0.85, bottom=0.03)
-        ax = fig.subplots()
-        ax.imshow(tiles, cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
-        for h in range(H):
-            r, c = divmod(h, ncols)
-            ax.text(c * (T + 1), r * (T + 1) - 0.7, f"head {h}", fontsize=7, va="bottom")
-        ax.axis("off")
-        fig.suptitle(f"{H} head{'s' if H > 1 else ''} of d_k = {d['head_dim']} "
-                     f"(each map: query rows x key columns)", fontsize=10)
+        if (H, T) not in figures:
+            fig = Figure(figsize=(min(1.3 * ncols + 1.2, 11), 1.3 * (-(-H // ncols)) + 0.9), dpi=72)
+            fig.subplots_adjust(left=0.02, right=0.98, top=0.8, bottom=0.03)
+            ax = fig.subplots()
+            image = ax.imshow(tiles, cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+            for h in range(H):
+                r, c = divmod(h, ncols)
+                ax.text(c * (T + 1), r * (T + 1) - 0.7, f"head {h}", fontsize=7, va="bottom")
+            ax.axis("off")
+            fig.suptitle(f"{H} head{'s' if H > 1 else ''} of d_k = {d['head_dim']}\n"
+                         "(each map: queries down, keys across)", fontsize=9)
+            FastFigure(fig, [image])
+            figures[H, T] = fig, image
+        fig, image = figures[H, T]
+        image.set_data(tiles)
         return fig
 
     def caption(d):
@@ -295,18 +309,28 @@ def mask_explorer(seed: int = 0, d_model: int = 16) -> Explorer:
         return {"kind": kind, "T": T, "window": window, "length": length, "device": device,
                 "mask": mask, "weights": w, "allowed": int(mask.sum()), "empty_rows": empty}
 
+    figures = {}  # T -> (fig, mask image, weight image, title)
+
     def draw(d):
-        fig = Figure(figsize=(7.2, 3.4), dpi=72)
-        fig.subplots_adjust(left=0.08, right=0.98, top=0.86, bottom=0.15, wspace=0.3)
-        a1, a2 = fig.subplots(1, 2)
-        a1.imshow(d["mask"].numpy(), cmap="Greys_r", vmin=0, vmax=1)
-        a1.set_title("mask (white = may attend)", fontsize=10)
-        a2.imshow(d["weights"].numpy(), cmap="viridis", vmin=0, vmax=1)
-        a2.set_title("attention weights", fontsize=10)
-        for ax in (a1, a2):
-            ax.set_xlabel("key j")
-            ax.set_ylabel("query i")
-        fig.suptitle(d["kind"], fontsize=11)
+        T = d["T"]
+        if T not in figures:
+            fig = Figure(figsize=(7.2, 3.4), dpi=72)
+            fig.subplots_adjust(left=0.08, right=0.98, top=0.86, bottom=0.15, wspace=0.3)
+            a1, a2 = fig.subplots(1, 2)
+            im1 = a1.imshow(torch.zeros(T, T).numpy(), cmap="Greys_r", vmin=0, vmax=1)
+            a1.set_title("mask (white = may attend)", fontsize=10)
+            im2 = a2.imshow(torch.zeros(T, T).numpy(), cmap="viridis", vmin=0, vmax=1)
+            a2.set_title("attention weights", fontsize=10)
+            for ax in (a1, a2):
+                ax.set_xlabel("key j")
+                ax.set_ylabel("query i")
+            title = fig.suptitle(" ", fontsize=11)
+            FastFigure(fig, [im1, im2, title])
+            figures[T] = fig, im1, im2, title
+        fig, im1, im2, title = figures[T]
+        im1.set_data(d["mask"].float().numpy())
+        im2.set_data(d["weights"].numpy())
+        title.set_text(d["kind"])
         return fig
 
     def caption(d):
@@ -364,20 +388,34 @@ def position_explorer(T: int = 32, seed: int = 0) -> Explorer:
         return {"kind": kind, "d_model": d_model, "offset": offset, "device": device,
                 "encoding": enc.float().cpu(), "similarity": sim.float().cpu(), "what": what}
 
+    figures = {}  # encoding width -> (fig, encoding image, similarity image, titles)
+
     def draw(d):
-        fig = Figure(figsize=(7.6, 3.4), dpi=72)
-        fig.subplots_adjust(left=0.08, right=0.98, top=0.86, bottom=0.15, wspace=0.3)
-        a1, a2 = fig.subplots(1, 2)
-        a1.imshow(d["encoding"].numpy(), cmap="RdBu_r", aspect="auto")
-        a1.set_xlabel("head" if d["kind"] == "ALiBi" else "feature")
-        a1.set_ylabel(f"position ({d['offset']} + row)")
-        a1.set_title("bias per head (middle query)" if d["kind"] == "ALiBi" else "encoding", fontsize=10)
-        a2.imshow(d["similarity"].numpy(), cmap="viridis")
-        a2.set_xlabel("position j")
-        a2.set_ylabel("position i")
-        a2.set_title("position-to-position", fontsize=10)
-        fig.suptitle(f"{d['kind']}, d_model = {d['d_model']}, positions {d['offset']}..{d['offset'] + T - 1}",
-                     fontsize=11)
+        enc, sim = d["encoding"], d["similarity"]
+        width = enc.shape[1]
+        if width not in figures:
+            fig = Figure(figsize=(7.6, 3.4), dpi=72)
+            fig.subplots_adjust(left=0.08, right=0.98, top=0.84, bottom=0.15, wspace=0.3)
+            a1, a2 = fig.subplots(1, 2)
+            im1 = a1.imshow(enc.numpy(), cmap="RdBu_r", aspect="auto")
+            a1.set_xlabel("feature (ALiBi: head)")
+            a1.set_ylabel("position (offset + row)")
+            im2 = a2.imshow(sim.numpy(), cmap="viridis")
+            a2.set_xlabel("position j (offset + column)")
+            a2.set_ylabel("position i (offset + row)")
+            a2.set_title("position-to-position", fontsize=10)
+            t1 = a1.set_title(" ", fontsize=10)
+            title = fig.suptitle(" ", fontsize=11)
+            FastFigure(fig, [im1, im2, t1, title])
+            figures[width] = fig, im1, im2, t1, title
+        fig, im1, im2, t1, title = figures[width]
+        lim = float(enc.abs().max()) or 1.0
+        im1.set_data(enc.numpy())
+        im1.set_clim(-lim, lim)
+        im2.set_data(sim.numpy())
+        im2.set_clim(float(sim.min()), float(sim.max()) if sim.max() > sim.min() else float(sim.min()) + 1)
+        t1.set_text("bias per head (middle query)" if d["kind"] == "ALiBi" else "encoding")
+        title.set_text(f"{d['kind']}, d_model = {d['d_model']}, positions {d['offset']}..{d['offset'] + T - 1}")
         return fig
 
     def caption(d):

@@ -18,6 +18,7 @@ from nbclient import NotebookClient
 def execute(path: str, timeout: int = 600) -> float:
     nb = nbformat.read(path, as_version=4)
     os.environ["PYTHONHASHSEED"] = "0"
+    os.environ["OMP_NUM_THREADS"] = "1"  # the same as tests/conftest.py: stable numbers and timings
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # stored outputs are CPU outputs
     start = time.perf_counter()
     client = NotebookClient(

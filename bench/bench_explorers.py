@@ -1,0 +1,73 @@
+"""Median time of one explorer update on the CPU, as the live widget does it:
+move a control, recompute, redraw, encode the PNG the Image widget shows.
+
+    .venv/bin/python bench/bench_explorers.py [--repeat N]
+
+Goal: under 100 ms per update (printed as the ratio median / 100 ms; < 1 meets it).
+Also prints how long the static scrubber (all frames) takes to render.
+Writes bench/results/explorers.json.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from attnbook import widgets as W  # noqa: E402
+
+GOAL_MS = 100.0
+
+# the control each benchmark moves, and the values it cycles through
+CASES = {
+    "saturation_explorer": (W.saturation_explorer, "d_k", W.DK_VALUES),
+    "head_explorer": (W.head_explorer, "num_heads", [1, 2, 4, 8, 16, 32]),
+    "mask_explorer": (W.mask_explorer, "kind", W.MASK_KINDS),
+    "position_explorer": (W.position_explorer, "kind", W.POSITION_KINDS),
+}
+
+
+def bench(factory, control, values, repeat):
+    ex = factory()
+    widget = ex.widget  # build the live UI: updates then refresh the Image widget too
+    slider = ex._controls_w[control]
+    for v in values:  # warm-up: caches, fonts, first figure
+        slider.value = v
+    times = []
+    for _ in range(repeat):
+        for v in values:
+            t = time.perf_counter()
+            slider.value = v
+            times.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    ex.static_html()
+    static_s = time.perf_counter() - t
+    assert widget is ex.widget
+    return statistics.median(times) * 1e3, static_s
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    results = {}
+    print(f"{'explorer':22s} {'median update':>14s} {'/ goal 100 ms':>14s} {'static frames':>14s}")
+    for name, (factory, control, values) in CASES.items():
+        median_ms, static_s = bench(factory, control, values, args.repeat)
+        ratio = median_ms / GOAL_MS
+        results[name] = {"median_update_ms": round(median_ms, 1), "ratio_to_goal": round(ratio, 2),
+                         "static_html_s": round(static_s, 2), "meets_goal": ratio < 1}
+        print(f"{name:22s} {median_ms:11.1f} ms {ratio:13.2f}x {static_s:12.1f} s  {'PASS' if ratio < 1 else 'MISS'}")
+    out = Path(__file__).parent / "results" / "explorers.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"goal_ms": GOAL_MS, "cpu_count": os.cpu_count(), "results": results}, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
