@@ -39,13 +39,17 @@ def ensure_venv() -> None:
     if not PY.exists():
         run(sys.executable, "-m", "venv", VENV)
     stamp = VENV / ".attnbook-requirements"
+    nodeps = ROOT / "requirements-nodeps.txt"
     digest = hashlib.sha256(
         (ROOT / "requirements.txt").read_bytes() + (ROOT / "pyproject.toml").read_bytes()
+        + (nodeps.read_bytes() if nodeps.exists() else b"")
     ).hexdigest()
     if stamp.exists() and stamp.read_text() == digest:
         return
     run(PY, "-m", "pip", "install", "-q", "--upgrade", "pip")
     run(PY, "-m", "pip", "install", "-r", "requirements.txt")
+    if nodeps.exists():  # third-party wrappers and test-only references, installed without their dependencies
+        run(PY, "-m", "pip", "install", "--no-deps", "-r", nodeps.name)
     stamp.write_text(digest)
 
 
