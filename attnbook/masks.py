@@ -29,6 +29,7 @@ __all__ = [
     "from_blocked",
     "to_blocked",
     "from_key_padding_mask",
+    "to_key_padding_mask",
     "to_additive",
     "from_additive",
     "lengths_from_mask",
@@ -55,12 +56,13 @@ def causal_mask(T: int, S: int | None = None, *, offset: int = 0, device=None) -
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=offset)
 
 
-def padding_mask(lengths, max_len: int | None = None) -> torch.Tensor:
+def padding_mask(lengths, max_len: int | None = None, *, left: bool = False) -> torch.Tensor:
     """Bool ``(B, 1, 1, S)``, True for the real (non-padding) keys.
 
     ``lengths`` holds the true length of each sequence in the batch; ``S`` is
     ``max_len`` or, by default, the longest length. The shape broadcasts over
-    heads (H) and queries (T).
+    heads (H) and queries (T). With ``left=True`` the padding comes first (the
+    real tokens are the last ``length`` positions), as in batched generation.
     """
     lengths = torch.as_tensor(lengths, dtype=torch.long) if isinstance(lengths, (list, tuple)) and not lengths else torch.as_tensor(lengths)
     if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
@@ -73,7 +75,11 @@ def padding_mask(lengths, max_len: int | None = None) -> torch.Tensor:
     elif max_len < longest:
         raise ValueError(f"max_len={max_len} is shorter than the longest length {longest}")
     keys = torch.arange(max_len, device=lengths.device)  # (S,)
-    return (keys[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
+    if left:
+        real = keys[None, :] >= (max_len - lengths)[:, None]  # (B, S)
+    else:
+        real = keys[None, :] < lengths[:, None]  # (B, S)
+    return real[:, None, None, :]  # (B, 1, 1, S)
 
 
 def sliding_window_mask(T: int, window: int, S: int | None = None, *, causal: bool = False, device=None) -> torch.Tensor:
@@ -126,6 +132,18 @@ def from_key_padding_mask(key_padding_mask: torch.Tensor) -> torch.Tensor:
             f"key_padding_mask must be bool (B, S), got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
         )
     return ~key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
+
+
+def to_key_padding_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Ours ``(B, 1, 1, S)`` (or ``(B, S)``), True = real token, to
+    ``nn.MultiheadAttention``'s ``key_padding_mask`` ``(B, S)``, True = padding."""
+    if mask.dtype != torch.bool:
+        raise TypeError(f"expected a bool mask, got {mask.dtype}")
+    if mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1:
+        mask = mask[:, 0, 0, :]  # (B, S)
+    if mask.dim() != 2:
+        raise ValueError(f"expected a padding mask (B, 1, 1, S) or (B, S), got shape {tuple(mask.shape)}")
+    return ~mask
 
 
 def to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

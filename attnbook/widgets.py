@@ -26,6 +26,7 @@ __all__ = [
     "DK_VALUES",
     "SENTENCES",
     "mosaic",
+    "token_embeddings",
     "mask_explorer",
     "build_mask",
     "MASK_KINDS",
@@ -176,7 +177,7 @@ def saturation_explorer(seed: int = 0) -> Explorer:
 
 
 # --------------------------------------------------------------------- heads
-def _token_embeddings(tokens: list[str], d_model: int, seed: int = 0) -> torch.Tensor:
+def token_embeddings(tokens: list[str], d_model: int, seed: int = 0) -> torch.Tensor:
     """A fixed random vector per word (stable across runs), plus a little position signal."""
     rows = []
     for pos, tok in enumerate(tokens):
@@ -221,7 +222,7 @@ def head_explorer(d_model: int = 32, sentences: list[str] | None = None, seed: i
         mha = MultiHeadAttention(d_model, num_heads)
         mha.load_state_dict(state)
         mha = mha.to(device).eval()
-        x = _token_embeddings(tokens, d_model, seed).to(device)[None]  # (1, T, E)
+        x = token_embeddings(tokens, d_model, seed).to(device)[None]  # (1, T, E)
         with torch.no_grad():
             out, w = mha(x)  # w: (1, H, T, T)
         return {

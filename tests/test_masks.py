@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnbook import MultiHeadAttention, scaled_dot_product_attention
+from attnbook import MultiHeadAttention, masks, scaled_dot_product_attention
 from attnbook.masks import (
     causal_mask,
     combine_masks,
@@ -311,3 +311,15 @@ def test_fully_blocked_row_same_for_bool_and_additive():
     _, w_bool = scaled_dot_product_attention(q, k, v, mask)
     _, w_add = scaled_dot_product_attention(q, k, v, to_additive(mask))
     torch.testing.assert_close(w_add, w_bool)
+
+
+def test_left_padding_and_key_padding_round_trip():
+    m = padding_mask([2, 4], left=True)
+    assert m.shape == (2, 1, 1, 4)
+    assert m[0, 0, 0].tolist() == [False, False, True, True] and m[1, 0, 0].all()
+    right = padding_mask([2, 4])
+    kpm = masks.to_key_padding_mask(right)
+    assert kpm.tolist() == [[False, False, True, True], [False, False, False, False]]
+    assert torch.equal(masks.from_key_padding_mask(kpm), right)
+    with pytest.raises(ValueError, match=r"\(2, 1, 3, 4\)"):
+        masks.to_key_padding_mask(torch.ones(2, 1, 3, 4, dtype=torch.bool))
