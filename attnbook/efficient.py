@@ -1,0 +1,832 @@
+"""Efficient attention: sparse, linear, hashed and tiled variants of softmax(q k^T) v.
+
+Dimension legend:
+    B  batch size
+    H  number of heads
+    T  query length (target)
+    S  key/value length (source)
+    D  head dimension (queries and keys), Dv value head dimension
+    W  sliding-window half-width (``window``)
+    L  keys one query block looks at (sliding window: block + 2W, or + W when causal)
+    m  number of random features (Performer)
+    F  width of a feature map's output (D for elu + 1, m for Performer)
+    R  number of hash rounds (Reformer's ``n_hashes``)
+
+Every function takes q ``(B, H, T, D)``, k ``(B, H, S, D)`` and v
+``(B, H, S, Dv)`` and returns the output ``(B, H, T, Dv)``.
+
+Two families live here:
+
+* **exact** methods give the same numbers as :func:`attnbook.scaled_dot_product_attention`
+  with a mask, but never build a ``(T, S)`` matrix: :func:`sliding_window_attention`
+  (banded mask), :func:`block_sparse_attention` (BigBird pattern) and
+  :func:`flash_attention` (no mask, or causal; tiled with an online softmax);
+* **approximations** change the attention itself: :func:`linear_attention`
+  (a positive feature map instead of exp), :func:`performer_attention`
+  (random features whose dot product estimates exp), :func:`lsh_attention`
+  (each query only sees keys hashed near it).
+
+Mask convention as everywhere in attnbook: bool, True = may attend; blocked
+scores are filled with ``torch.finfo(dtype).min``; a query with no key to
+attend to gets a zero output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .core import _check_qkv, _shape, scaled_dot_product_attention
+
+__all__ = [
+    "sliding_window_attention",
+    "bigbird_block_pattern",
+    "bigbird_pattern",
+    "block_sparse_attention",
+    "elu_feature_map",
+    "linear_attention",
+    "linear_attention_recurrent",
+    "linear_attention_quadratic",
+    "performer_features",
+    "performer_feature_map",
+    "performer_attention",
+    "lsh_buckets",
+    "lsh_attention",
+    "flash_attention",
+]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _check_bhtd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """Validate q (B, H, T, D), k (B, H, S, D), v (B, H, S, Dv); return B, H, T, S, D."""
+    _check_qkv(q, k, v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (B, H, length, dim), got shape {_shape(t)}")
+    if not (q.shape[:2] == k.shape[:2] == v.shape[:2]):
+        raise ValueError(
+            f"q {_shape(q)}, k {_shape(k)} and v {_shape(v)} must share (B, H) = their first two dims"
+        )
+    B, H, T, D = q.shape
+    return B, H, T, k.shape[2], D
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    return value
+
+
+def _check_scale(scale: float | None, D: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(D)
+    if not scale > 0:
+        raise ValueError(f"scale must be positive, got {scale}")
+    return float(scale)
+
+
+def _blocking_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask (True = may attend) as an additive bias: 0 where allowed,
+    ``torch.finfo(dtype).min`` where blocked.
+
+    Adding it acts as filling the blocked scores with finfo.min: score +
+    finfo.min rounds to finfo.min for moderate scores (|score| < 1e31 in
+    float32) and can at worst round down to -inf, which exp() also turns into
+    a weight of exactly 0 as long as the row keeps an allowed key (callers
+    whose rows may be fully blocked clamp at finfo.min). On a CPU
+    ``scores + bias`` is an order of magnitude faster than ``masked_fill``
+    with a broadcast bool mask; the bias is built with float arithmetic,
+    ``(allowed - 1) * finfo.max``, for the same reason."""
+    return allowed.to(dtype).sub_(1.0).mul_(torch.finfo(dtype).max)
+
+
+def _softmax(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim, computed in at least float32 (float16 and
+    bfloat16 lose too much in exp()), returned in the scores' dtype."""
+    if scores.dtype in (torch.float32, torch.float64):
+        return F.softmax(scores, dim=-1)
+    return F.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+
+
+def _masked_softmax(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim where ``allowed`` (bool, True = may attend,
+    broadcastable to ``scores``) allows; rows with nothing allowed give zeros."""
+    lowest = torch.finfo(scores.dtype).min
+    weights = _softmax((scores + _blocking_bias(allowed, scores.dtype)).clamp_min_(lowest))
+    some = allowed.any(dim=-1, keepdim=True)  # (..., 1) rows with at least one key
+    return weights * some.to(weights.dtype)
+
+
+def _safe_divide(num: torch.Tensor, den: torch.Tensor, eps: float) -> torch.Tensor:
+    """num / (den + eps), never dividing by 0 (den >= 0 here)."""
+    return num / (den + eps).clamp_min(torch.finfo(den.dtype).tiny)
+
+
+# ----------------------------------------------------------------------------- sliding window
+
+
+def sliding_window_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    window: int,
+    causal: bool = False,
+    block_size: int | None = None,
+    *,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Exact attention under a sliding-window mask, in O(T * window) time and memory.
+
+    Query ``i`` may attend key ``j`` when ``|i - j| <= window`` (``0 <= i - j <= window``
+    when ``causal``): the same numbers as ::
+
+        scaled_dot_product_attention(q, k, v, masks.sliding_window_mask(T, window, causal=causal))
+
+    but the ``(T, T)`` matrix is never built. The queries are cut into blocks of
+    ``block_size`` rows (default ``max(window, 32)``, at most T); block ``n``
+    covers queries ``[n*b, n*b + b)`` and can only reach keys
+    ``[n*b - W, n*b + b - 1 + W]`` (``[n*b - W, n*b + b - 1]`` when causal), a
+    band of ``L = b + 2W`` keys. The keys are zero-padded by ``W`` on each side
+    and cut into overlapping bands with ``Tensor.unfold`` (a strided view, no
+    copy of the sequence per query), so each block does one ``(b, D) @ (D, L)``
+    product: ``T/b * b * L = T * (b + 2W)`` scores in all.
+
+    Self-attention only: q, k and v must have the same length (T == S).
+    """
+    B, H, T, S, D = _check_bhtd(q, k, v)
+    if S != T:
+        raise ValueError(
+            f"sliding_window_attention is self-attention: q {_shape(q)} and k {_shape(k)} must have "
+            f"the same length, got T={T} and S={S}"
+        )
+    window = _check_int("window", window, 0)
+    b = min(max(window, 32), T) if block_size is None else _check_int("block_size", block_size, 1)
+    scale = _check_scale(scale, D)
+    W = window
+    nb = -(-T // b)  # number of query blocks, ceil(T / b)
+    Tp = nb * b  # padded length
+    right = Tp - T + (0 if causal else W)
+    L = b + W + (0 if causal else W)  # keys per block
+
+    qb = (F.pad(q, (0, 0, 0, Tp - T)) * scale).view(B, H, nb, b, D)  # (B, H, nb, b, D) scaled once
+    kb = F.pad(k, (0, 0, W, right)).unfold(2, L, b)  # (B, H, nb, D, L)
+    vb = F.pad(v, (0, 0, W, right)).unfold(2, L, b).transpose(-1, -2)  # (B, H, nb, L, Dv)
+
+    # query r of block n is position n*b + r; key c of its band is n*b - W + c,
+    # so i - j = W + r - c and the window is 0 <= c - r <= 2W (<= W when causal)
+    r = torch.arange(b, device=q.device)[:, None]  # (b, 1)
+    c = torch.arange(L, device=q.device)[None, :]  # (1, L)
+    band = (c >= r) & (c - r <= (W if causal else 2 * W))  # (b, L)
+    j = torch.arange(nb, device=q.device)[:, None] * b - W + c  # (nb, L) key positions
+    real = (j >= 0) & (j < T)  # (nb, L) not padding
+    band_f, real_f = band.to(q.dtype), real.to(q.dtype)  # 1 = may attend
+
+    # a few query blocks at a time, so that their scores (about 2 MB) stay in
+    # the CPU's cache through the add, the softmax and the second product
+    group = max(1, (1 << 19) // (B * H * b * L))
+    outs = []
+    for g0 in range(0, nb, group):
+        g = slice(g0, g0 + group)
+        allowed = band_f[None, :, :] * real_f[g, None, :]  # (G, b, L)
+        bias = allowed.sub_(1.0).mul_(torch.finfo(q.dtype).max)  # (G, b, L) 0 or finfo.min, see _blocking_bias
+        scores = torch.matmul(qb[:, :, g], kb[:, :, g]).add_(bias)  # (B, H, G, b, L)
+        # every real query sees itself, so no real row is fully blocked (padding rows are dropped)
+        weights = _softmax(scores)  # (B, H, G, b, L)
+        outs.append(torch.matmul(weights, vb[:, :, g]))  # (B, H, G, b, Dv)
+    out = torch.cat(outs, dim=2)  # (B, H, nb, b, Dv)
+    return out.reshape(B, H, Tp, -1)[:, :, :T]  # (B, H, T, Dv)
+
+
+# ----------------------------------------------------------------------------- BigBird
+
+
+def bigbird_block_pattern(
+    num_blocks: int,
+    window_blocks: int = 1,
+    global_blocks: int = 1,
+    random_blocks: int = 1,
+    seed: int = 0,
+) -> torch.Tensor:
+    """BigBird's block-level pattern: bool ``(num_blocks, num_blocks)``, entry
+    ``[a, c]`` True when query block ``a`` attends key block ``c``.
+
+    * window: ``|a - c| <= window_blocks``;
+    * global: the first ``global_blocks`` blocks attend every block and every
+      block attends them (row and column all True);
+    * random: each other query block adds ``random_blocks`` key blocks drawn
+      without replacement among those not already selected (fewer when fewer
+      are left), from a generator seeded with ``seed`` (same pattern for every
+      batch element and head).
+    """
+    nb = _check_int("num_blocks", num_blocks, 1)
+    window_blocks = _check_int("window_blocks", window_blocks, 0)
+    global_blocks = _check_int("global_blocks", global_blocks, 0)
+    random_blocks = _check_int("random_blocks", random_blocks, 0)
+    a = torch.arange(nb)
+    pattern = (a[:, None] - a[None, :]).abs() <= window_blocks  # (nb, nb)
+    g = min(global_blocks, nb)
+    pattern[:g, :] = True
+    pattern[:, :g] = True
+    if random_blocks:
+        gen = torch.Generator().manual_seed(seed)
+        for row in range(g, nb):
+            free = (~pattern[row]).nonzero().flatten()  # key blocks not yet chosen
+            pick = free[torch.randperm(len(free), generator=gen)[:random_blocks]]
+            pattern[row, pick] = True
+    return pattern
+
+
+def bigbird_pattern(
+    T: int,
+    block_size: int,
+    window_blocks: int = 1,
+    global_blocks: int = 1,
+    random_blocks: int = 1,
+    seed: int = 0,
+) -> torch.Tensor:
+    """The token-level mask, bool ``(T, T)``, True = may attend: query ``i``
+    attends key ``j`` when block ``i // block_size`` attends block
+    ``j // block_size`` in :func:`bigbird_block_pattern` (the last block may be
+    shorter than ``block_size``). Only for tests and plots: the attention
+    itself never builds it."""
+    T = _check_int("T", T, 1)
+    block_size = _check_int("block_size", block_size, 1)
+    nb = -(-T // block_size)
+    blocks = bigbird_block_pattern(nb, window_blocks, global_blocks, random_blocks, seed)  # (nb, nb)
+    idx = torch.arange(T) // block_size  # (T,) block of each position
+    return blocks[idx[:, None], idx[None, :]]  # (T, T)
+
+
+def block_sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_size: int,
+    window_blocks: int = 1,
+    global_blocks: int = 1,
+    random_blocks: int = 1,
+    seed: int = 0,
+    *,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """BigBird block-sparse self-attention, exact under :func:`bigbird_pattern`'s mask.
+
+    The sequence is cut into blocks of ``block_size`` (zero-padded at the end;
+    the padding is never attended). The global query blocks attend all T keys.
+    Every other query block gathers only its selected key blocks, at most
+    ``K = global + 2 * window + 1 + random`` of them, into one ``(K * block, D)``
+    tensor and does a single dense product with it, so the cost is
+    O(T * K * block) instead of O(T^2). Self-attention only (T == S).
+    """
+    B, H, T, S, D = _check_bhtd(q, k, v)
+    if S != T:
+        raise ValueError(
+            f"block_sparse_attention is self-attention: q {_shape(q)} and k {_shape(k)} must have "
+            f"the same length, got T={T} and S={S}"
+        )
+    bs = _check_int("block_size", block_size, 1)
+    scale = _check_scale(scale, D)
+    nb = -(-T // bs)
+    Tp = nb * bs
+    pattern = bigbird_block_pattern(nb, window_blocks, global_blocks, random_blocks, seed).to(q.device)
+    g = min(global_blocks, nb)
+    outs = []
+    if g:
+        # global query blocks attend everything: dense, but only g * bs rows
+        qg = q[:, :, : g * bs]  # (B, H, g*bs, D)
+        outs.append(scaled_dot_product_attention(qg, k, v, scale=scale)[0])  # (B, H, g*bs, Dv)
+    if g < nb:
+        rows = pattern[g:]  # (nr, nb) key blocks of each remaining query block
+        nr = nb - g
+        K = int(rows.sum(dim=-1).max())
+        # selected block ids first (stable sort puts True before False), then padding slots
+        order = torch.argsort((~rows).to(torch.int8), dim=-1, stable=True)[:, :K]  # (nr, K)
+        chosen = rows.gather(1, order)  # (nr, K) False for the padding slots
+        kp = F.pad(k, (0, 0, 0, Tp - T)).view(B, H, nb, bs, D)  # (B, H, nb, bs, D)
+        vp = F.pad(v, (0, 0, 0, Tp - T)).view(B, H, nb, bs, -1)  # (B, H, nb, bs, Dv)
+        kg = kp[:, :, order].reshape(B, H, nr, K * bs, D)  # (B, H, nr, K*bs, D)
+        vg = vp[:, :, order].reshape(B, H, nr, K * bs, -1)  # (B, H, nr, K*bs, Dv)
+        qr = F.pad(q, (0, 0, 0, Tp - T)).view(B, H, nb, bs, D)[:, :, g:]  # (B, H, nr, bs, D)
+        key_pos = order[:, :, None] * bs + torch.arange(bs, device=q.device)  # (nr, K, bs)
+        allowed = (chosen[:, :, None] & (key_pos < T)).reshape(nr, 1, K * bs)  # (nr, 1, K*bs)
+        scores = torch.matmul(qr, kg.transpose(-1, -2)) * scale  # (B, H, nr, bs, K*bs)
+        weights = _masked_softmax(scores, allowed)  # (B, H, nr, bs, K*bs)
+        out_r = torch.matmul(weights, vg)  # (B, H, nr, bs, Dv)
+        outs.append(out_r.reshape(B, H, nr * bs, -1))  # (B, H, nr*bs, Dv)
+    return torch.cat(outs, dim=2)[:, :, :T]  # (B, H, T, Dv)
+
+
+# ----------------------------------------------------------------------------- linear attention
+
+
+def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
+    """phi(x) = elu(x) + 1, positive everywhere (Katharopoulos et al., 2020).
+
+    Computed as exp(min(x, 0)) + relu(x), the same function (x + 1 for x > 0,
+    exp(x) otherwise) with the same gradient, several times faster than
+    ``F.elu`` on a CPU."""
+    return x.clamp(max=0.0).exp_() + F.relu(x)
+
+
+_CAUSAL_METHODS = ("chunkwise", "cumsum")
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _linear_attention(q, k, v, phi_q, phi_k, causal: bool, eps: float, chunk_size: int, method: str = "chunkwise"):
+    """Linear attention out_i = phi(q_i)^T S_i / (phi(q_i)^T z_i + eps), with
+    S = sum_j phi(k_j) v_j^T and z = sum_j phi(k_j) over all j (non-causal)
+    or over j <= i (causal). ``phi_q`` and ``phi_k`` act row by row and are
+    applied a chunk of rows at a time, so no temporary is larger than a chunk
+    (the cache keeps it, and nothing of size T but the output is allocated).
+
+    The normaliser rides along as an extra column of ones in v: the last
+    column of phi(q_i)^T [S_i | z_i] is phi(q_i)^T z_i.
+
+    Non-causal: [S | z] = sum over key chunks of phi(K_c)^T [V_c | 1], a
+    (F, Dv+1) matrix, then phi(Q_c) [S | z] for each query chunk.
+
+    Causal (T == S), chunk by chunk, carrying [S | z] of the chunks before.
+    Inside a chunk of C positions:
+
+    * ``"cumsum"``: the states S_i of every position, a cumsum of the outer
+      products phi(k_j) v_j^T plus the carried state; memory O(C * F * Dv);
+    * ``"chunkwise"``: phi(q_i)^T S_i = phi(q_i)^T S_carried + sum_{j <= i in
+      the chunk} (phi(q_i) . phi(k_j)) v_j, the second term a (C, C) lower
+      triangle times the chunk's values. The same numbers without building C
+      states: memory O(C * (C + F + Dv) + F * Dv), and plain matrix products
+      (about 10x faster on a CPU).
+    """
+    B, H, T, D = q.shape
+    S, Dv = k.shape[2], v.shape[-1]
+    ones = v.new_ones(B, H, max(chunk_size, 1), 1)  # (B, H, C, 1)
+
+    def with_ones(v_c: torch.Tensor) -> torch.Tensor:
+        return torch.cat([v_c, ones[:, :, : v_c.shape[2]]], dim=-1)  # (B, H, c, Dv+1)
+
+    def normalise(o: torch.Tensor) -> torch.Tensor:  # (B, H, c, Dv+1) -> (B, H, c, Dv)
+        return _safe_divide(o[..., :-1], o[..., -1:], eps)
+
+    outs = []
+    if not causal:
+        state = None
+        for start in range(0, S, chunk_size):
+            sl = slice(start, start + chunk_size)
+            part = torch.matmul(phi_k(k[:, :, sl]).transpose(-2, -1), with_ones(v[:, :, sl]))  # (B, H, F, Dv+1)
+            state = part if state is None else state + part
+        for start in range(0, T, chunk_size):
+            outs.append(normalise(torch.matmul(phi_q(q[:, :, start : start + chunk_size]), state)))  # (B, H, c, Dv)
+        return torch.cat(outs, dim=2)  # (B, H, T, Dv)
+
+    state = None  # (B, H, F, Dv+1) prefix sum [S | z] of the chunks before
+    for start in range(0, T, chunk_size):
+        sl = slice(start, start + chunk_size)
+        fq_c, fk_c, v_c = phi_q(q[:, :, sl]), phi_k(k[:, :, sl]), with_ones(v[:, :, sl])  # (B, H, C, F), (B, H, C, Dv+1)
+        if state is None:
+            state = fq_c.new_zeros(B, H, fq_c.shape[-1], Dv + 1)  # (B, H, F, Dv+1)
+        if method == "cumsum":
+            outer = fk_c.unsqueeze(-1) * v_c.unsqueeze(-2)  # (B, H, C, F, Dv+1)
+            states = outer.cumsum(dim=2) + state.unsqueeze(2)  # (B, H, C, F, Dv+1) S_i for each i
+            out_c = torch.einsum("bhcf,bhcfe->bhce", fq_c, states)  # (B, H, C, Dv+1)
+            state = states[:, :, -1]  # (B, H, F, Dv+1)
+        else:
+            A = torch.matmul(fq_c, fk_c.transpose(-2, -1)).tril()  # (B, H, C, C) phi(q_i).phi(k_j), j <= i
+            out_c = torch.matmul(fq_c, state) + torch.matmul(A, v_c)  # (B, H, C, Dv+1)
+            state = state + torch.matmul(fk_c.transpose(-2, -1), v_c)  # (B, H, F, Dv+1)
+        outs.append(normalise(out_c))  # (B, H, C, Dv)
+    return torch.cat(outs, dim=2)  # (B, H, T, Dv)
+
+
+def _check_causal_lengths(fn: str, q: torch.Tensor, k: torch.Tensor, causal: bool) -> None:
+    if causal and q.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"{fn} with causal=True needs q {_shape(q)} and k {_shape(k)} of the same length, "
+            f"got T={q.shape[2]} and S={k.shape[2]}"
+        )
+
+
+def linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    eps: float = 1e-6,
+    *,
+    chunk_size: int | None = None,
+    method: str = "chunkwise",
+) -> torch.Tensor:
+    """Linear attention with phi(x) = elu(x) + 1 (Katharopoulos et al., 2020)::
+
+        out_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / (phi(q_i)^T sum_j phi(k_j) + eps)
+
+    Why this is cheaper: softmax(Q K^T) V cannot be reassociated, because the
+    exp (and the row normalisation) acts on every entry of the (T, S) matrix
+    Q K^T, which must therefore be built first: O(T S D). Replacing
+    exp(q . k) by the kernel phi(q) . phi(k) makes the unnormalised weights a
+    plain matrix product phi(Q) phi(K)^T, and by associativity of matrix
+    products ``(phi(Q) phi(K)^T) V = phi(Q) (phi(K)^T V)``. The right-hand side
+    first forms the (D, Dv) matrix phi(K)^T V, so the cost goes from
+    O(T^2 D) to O(T D^2) and no (T, S) matrix exists. The normaliser is the
+    same trick with V replaced by a column of ones.
+
+    The rows are processed ``chunk_size`` at a time (default: 128 when
+    causal, else as many as keep a temporary near 256 KB), so nothing of
+    size T but the output is allocated and the temporaries stay in the cache.
+
+    With ``causal=True`` (T == S) the sums run over j <= i: prefix sums
+    S_i = sum_{j <= i} phi(k_j) v_j^T, taken ``chunk_size`` positions at a
+    time with the sum of the earlier chunks carried along. ``method="cumsum"``
+    builds the S_i of a chunk with a cumsum of the outer products (memory
+    O(chunk_size * D * Dv)); the default ``"chunkwise"`` gets the same
+    phi(q_i)^T S_i from the carried state plus a (chunk, chunk) lower
+    triangle of phi(q_i) . phi(k_j), which avoids the per-position states and
+    is much faster. Both equal the RNN of :func:`linear_attention_recurrent`
+    and the quadratic form :func:`linear_attention_quadratic`.
+    """
+    _check_bhtd(q, k, v)
+    _check_causal_lengths("linear_attention", q, k, causal)
+    if chunk_size is not None:
+        _check_int("chunk_size", chunk_size, 1)
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    if method not in _CAUSAL_METHODS:
+        raise ValueError(f"method must be one of {_CAUSAL_METHODS}, got {method!r}")
+    if chunk_size is None and causal:
+        chunk_size = 128
+    elif chunk_size is None:  # rows per step: about 256 KB of float32 per temporary, which stays in the cache
+        B, H, _, D = q.shape
+        chunk_size = max(64, (1 << 16) // (B * H * max(D, v.shape[-1] + 1)))
+    return _linear_attention(q, k, v, elu_feature_map, elu_feature_map, causal, eps, chunk_size, method)
+
+
+def linear_attention_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Causal linear attention as an RNN, one position at a time (T == S)::
+
+        S_i = S_{i-1} + phi(k_i) v_i^T      (D, Dv) state
+        z_i = z_{i-1} + phi(k_i)            (D,) normaliser
+        out_i = phi(q_i)^T S_i / (phi(q_i)^T z_i + eps)
+
+    O(T D Dv) time and O(D Dv) state: a transformer decoder run this way is an
+    RNN. Slow in Python (a loop over T); it is the reference the chunked
+    :func:`linear_attention` is tested against."""
+    B, H, T, S, D = _check_bhtd(q, k, v)
+    _check_causal_lengths("linear_attention_recurrent", q, k, True)
+    fq, fk = elu_feature_map(q), elu_feature_map(k)  # (B, H, T, D)
+    state = q.new_zeros(B, H, D, v.shape[-1])  # (B, H, D, Dv)
+    z = q.new_zeros(B, H, D)  # (B, H, D)
+    outs = []
+    for i in range(T):
+        state = state + fk[:, :, i, :, None] * v[:, :, i, None, :]  # (B, H, D, Dv)
+        z = z + fk[:, :, i]  # (B, H, D)
+        num = torch.einsum("bhd,bhde->bhe", fq[:, :, i], state)  # (B, H, Dv)
+        den = (fq[:, :, i] * z).sum(dim=-1, keepdim=True)  # (B, H, 1)
+        outs.append(_safe_divide(num, den, eps))
+    return torch.stack(outs, dim=2)  # (B, H, T, Dv)
+
+
+def linear_attention_quadratic(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
+    """The same attention in its O(T^2) form: weights phi(Q) phi(K)^T (causal:
+    lower triangle kept), each row divided by its sum (+ eps), times V. For
+    teaching and testing on small inputs."""
+    _check_bhtd(q, k, v)
+    _check_causal_lengths("linear_attention_quadratic", q, k, causal)
+    A = torch.matmul(elu_feature_map(q), elu_feature_map(k).transpose(-2, -1))  # (B, H, T, S)
+    if causal:
+        A = A.tril()  # (B, H, T, S)
+    return _safe_divide(torch.matmul(A, v), A.sum(dim=-1, keepdim=True), eps)  # (B, H, T, Dv)
+
+
+# ----------------------------------------------------------------------------- Performer (FAVOR+)
+
+
+def performer_features(
+    num_features: int,
+    head_dim: int,
+    orthogonal: bool = True,
+    seed: int = 0,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device=None,
+) -> torch.Tensor:
+    """The random projection of FAVOR+, ``(num_features, head_dim)`` = (m, D),
+    drawn from a generator seeded with ``seed`` (same seed, same matrix).
+
+    Rows are i.i.d. N(0, I_D) when ``orthogonal=False``. With ``orthogonal=True``
+    they come in blocks of D exactly orthogonal directions (Q factor of a
+    gaussian matrix), the last block truncated, and each row is rescaled to
+    the length of an independent gaussian vector (chi-distributed with D
+    degrees of freedom), so every row still has the N(0, I_D) distribution
+    but the rows of a block are orthogonal: a lower-variance estimate.
+    """
+    m = _check_int("num_features", num_features, 1)
+    D = _check_int("head_dim", head_dim, 1)
+    gen = torch.Generator().manual_seed(seed)
+    if not orthogonal:
+        w = torch.randn(m, D, generator=gen, dtype=torch.float64)
+    else:
+        blocks = []
+        for _ in range(-(-m // D)):
+            g = torch.randn(D, D, generator=gen, dtype=torch.float64)
+            qmat, rmat = torch.linalg.qr(g)  # (D, D) orthonormal columns
+            # fix the signs (diag(R) > 0) so that Q is uniformly (Haar) distributed
+            qmat = qmat * torch.sign(torch.diagonal(rmat))[None, :]
+            blocks.append(qmat.T)  # (D, D) rows orthonormal
+        w = torch.cat(blocks, dim=0)[:m]  # (m, D) unit rows
+        lengths = torch.randn(m, D, generator=gen, dtype=torch.float64).norm(dim=1)  # (m,) ~ chi(D)
+        w = w * lengths[:, None]  # (m, D)
+    return w.to(dtype=dtype, device=device)
+
+
+def performer_feature_map(x: torch.Tensor, projection: torch.Tensor, is_query: bool) -> torch.Tensor:
+    """Positive random features phi(x) = exp(w^T x - |x|^2 / 2) / sqrt(m), with
+    x = input / D**0.25, so that E[phi(q) . phi(k)] = exp(q . k / sqrt(D)).
+
+    Returns ``(B, H, length, m)``. Numerically stabilised: before the exp a
+    max is subtracted, per row for queries (a per-query factor, cancelled by
+    the row normalisation) and over all keys and features of a (batch, head)
+    for keys (a common factor, cancelled too, and the same for every position
+    so causal attention stays causal). The results equal phi up to those
+    factors, which attention never sees.
+    """
+    D = x.shape[-1]
+    if projection.dim() != 2 or projection.shape[1] != D:
+        raise ValueError(f"projection must be (m, D={D}), got {_shape(projection)}")
+    m = projection.shape[0]
+    x = x * D**-0.25
+    wx = torch.matmul(x, projection.to(x.dtype).T)  # (B, H, length, m)
+    wx = wx - 0.5 * (x * x).sum(dim=-1, keepdim=True)  # (B, H, length, m)
+    if is_query:
+        stab = wx.amax(dim=-1, keepdim=True)  # (B, H, length, 1)
+    else:
+        stab = wx.amax(dim=(-2, -1), keepdim=True)  # (B, H, 1, 1)
+    return torch.exp(wx - stab.detach()) / math.sqrt(m)  # (B, H, length, m)
+
+
+def performer_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    num_features: int = 64,
+    orthogonal: bool = True,
+    seed: int = 0,
+    causal: bool = False,
+    *,
+    chunk_size: int = 128,
+) -> torch.Tensor:
+    """Performer (FAVOR+, Choromanski et al., 2021): a random-feature
+    approximation of softmax attention in O(T m D) instead of O(T S D).
+
+    exp(q . k / sqrt(D)) = E_w[phi(q) . phi(k)] with the positive features of
+    :func:`performer_feature_map` (w ~ N(0, I), orthogonal rows by default,
+    see :func:`performer_features`). With those features, attention is linear
+    attention (:func:`linear_attention`'s reordering phi(Q) (phi(K)^T V)),
+    numerator and normaliser alike. Both are unbiased estimates of softmax
+    attention's; their ratio, the output, is not exactly unbiased but its
+    error falls like 1/sqrt(num_features). The features are positive, so the
+    normaliser never goes negative (the trouble with sin/cos features).
+    ``causal=True`` (T == S) uses the same chunked prefix sums. The random
+    matrix depends only on ``seed``: get it with :func:`performer_features`.
+    """
+    B, H, T, S, D = _check_bhtd(q, k, v)
+    _check_causal_lengths("performer_attention", q, k, causal)
+    chunk_size = _check_int("chunk_size", chunk_size, 1)
+    w = performer_features(num_features, D, orthogonal, seed, dtype=q.dtype, device=q.device)  # (m, D)
+    fq = performer_feature_map(q, w, is_query=True)  # (B, H, T, m)
+    fk = performer_feature_map(k, w, is_query=False)  # (B, H, S, m)
+    return _linear_attention(fq, fk, v, _identity, _identity, causal, 0.0, chunk_size if causal else max(q.shape[2], k.shape[2]))
+
+
+# ----------------------------------------------------------------------------- Reformer (LSH)
+
+
+def lsh_buckets(x: torch.Tensor, n_buckets: int, n_hashes: int = 1, seed: int = 0) -> torch.Tensor:
+    """Angular LSH of Reformer: bucket ids ``(B, H, R, T)`` (long) for x (B, H, T, D).
+
+    For each of the R = ``n_hashes`` rounds a random rotation ``Rot`` (D, n_buckets/2),
+    seeded by ``seed``, is applied to the normalised vectors and the bucket is
+    ``argmax([x Rot ; -x Rot])``: vectors pointing the same way tend to share a
+    bucket. ``n_buckets`` must be even, or 1 (everything in bucket 0).
+    """
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+        what = f"a {x.dtype} tensor" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"x must be a floating-point torch.Tensor, got {what}")
+    if x.dim() != 4:
+        raise ValueError(f"x must be 4-D (B, H, T, D), got shape {_shape(x)}")
+    n_buckets = _check_int("n_buckets", n_buckets, 1)
+    n_hashes = _check_int("n_hashes", n_hashes, 1)
+    B, H, T, D = x.shape
+    if n_buckets == 1:
+        return torch.zeros(B, H, n_hashes, T, dtype=torch.long, device=x.device)
+    if n_buckets % 2:
+        raise ValueError(f"n_buckets must be even (or 1): buckets come in +/- pairs, got {n_buckets}")
+    gen = torch.Generator().manual_seed(seed)
+    rot = torch.randn(n_hashes, D, n_buckets // 2, generator=gen, dtype=torch.float64)
+    rot = rot.to(dtype=x.dtype, device=x.device)  # (R, D, n_buckets/2)
+    xn = F.normalize(x.detach(), dim=-1)  # (B, H, T, D)
+    rotated = torch.einsum("bhtd,rdn->bhrtn", xn, rot)  # (B, H, R, T, n_buckets/2)
+    return torch.cat([rotated, -rotated], dim=-1).argmax(dim=-1)  # (B, H, R, T)
+
+
+def lsh_attention(
+    qk: torch.Tensor,
+    v: torch.Tensor,
+    n_buckets: int = 8,
+    chunk_size: int = 32,
+    n_hashes: int = 1,
+    seed: int = 0,
+    causal: bool = False,
+    *,
+    return_buckets: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Reformer's LSH self-attention (Kitaev et al., 2020), shared-QK.
+
+    Queries and keys are the same projection ``qk`` (B, H, T, D): the query is
+    ``qk_i``, the key is ``qk_j / |qk_j|`` (normalised, as in Reformer), the
+    score is their dot product / sqrt(D). Steps, per hash round:
+
+    1. hash every position into a bucket (:func:`lsh_buckets`);
+    2. stable-sort positions by (bucket, position);
+    3. cut the sorted sequence into chunks of ``chunk_size``; each chunk
+       attends to itself and to the previous chunk (the first chunk only to
+       itself). Tokens of a neighbouring bucket that fall in that window are
+       attended too, as in Reformer's implementation;
+    4. a token does not attend to itself unless it has no other key (its
+       query and key are nearly parallel, so self would dominate); with
+       ``causal`` it attends only to earlier positions;
+    5. undo the sort.
+
+    With several rounds (``n_hashes`` > 1) the per-round outputs are combined
+    with weights softmax over rounds of their log-sum-exp, i.e. a softmax over
+    all keys found in any round (a key found in r rounds counts r times).
+    Cost O(T * chunk_size * D * n_hashes).
+
+    Returns the output ``(B, H, T, Dv)``, and with ``return_buckets=True`` also
+    the bucket ids ``(B, H, n_hashes, T)``.
+    """
+    B, H, T, S, D = _check_bhtd(qk, qk, v)
+    if v.shape[2] != T:
+        raise ValueError(f"qk {_shape(qk)} and v {_shape(v)} must have the same length T")
+    C = _check_int("chunk_size", chunk_size, 1)
+    buckets = lsh_buckets(qk, n_buckets, n_hashes, seed)  # (B, H, R, T)
+    R = buckets.shape[2]
+    Dv = v.shape[-1]
+    dev = qk.device
+    nc = -(-T // C)
+    Tp = nc * C
+
+    pos = torch.arange(T, device=dev)
+    order = torch.argsort(buckets * T + pos, dim=-1)  # (B, H, R, T) sort by bucket, then position
+    sq = qk.unsqueeze(2).expand(B, H, R, T, D).gather(3, order[..., None].expand(B, H, R, T, D))  # (B, H, R, T, D)
+    sv = v.unsqueeze(2).expand(B, H, R, T, Dv).gather(3, order[..., None].expand(B, H, R, T, Dv))  # (B, H, R, T, Dv)
+    spos = F.pad(order, (0, Tp - T), value=T)  # (B, H, R, Tp), T marks padding
+    sq = F.pad(sq, (0, 0, 0, Tp - T))  # (B, H, R, Tp, D)
+    sv = F.pad(sv, (0, 0, 0, Tp - T))  # (B, H, R, Tp, Dv)
+    sk = F.normalize(sq, dim=-1)  # (B, H, R, Tp, D) keys: unit length
+
+    qc = sq.view(B, H, R, nc, C, D)  # (B, H, R, nc, C, D)
+    kc = sk.view(B, H, R, nc, C, D)  # (B, H, R, nc, C, D)
+    vc = sv.view(B, H, R, nc, C, Dv)  # (B, H, R, nc, C, Dv)
+    pc = spos.view(B, H, R, nc, C)  # (B, H, R, nc, C)
+
+    def look_back(x: torch.Tensor, fill) -> torch.Tensor:
+        # each chunk next to the one before it; chunk 0 gets a "previous" chunk of padding
+        prev = torch.cat([torch.full_like(x[:, :, :, :1], fill), x[:, :, :, :-1]], dim=3)
+        return torch.cat([prev, x], dim=4)  # (B, H, R, nc, 2C, ...)
+
+    kw = look_back(kc, 0.0)  # (B, H, R, nc, 2C, D)
+    vw = look_back(vc, 0.0)  # (B, H, R, nc, 2C, Dv)
+    pk = look_back(pc, T)  # (B, H, R, nc, 2C)
+    pq = pc.unsqueeze(-1)  # (B, H, R, nc, C, 1)
+    pk = pk.unsqueeze(-2)  # (B, H, R, nc, 1, 2C)
+
+    allowed = pk < T  # (B, H, R, nc, 1, 2C) real keys
+    if causal:
+        allowed = allowed & (pk <= pq)  # (B, H, R, nc, C, 2C)
+    is_self = pk == pq  # (B, H, R, nc, C, 2C)
+    others = allowed & ~is_self
+    alone = ~others.any(dim=-1, keepdim=True)  # (B, H, R, nc, C, 1) nobody else to attend
+    mask = others | (allowed & is_self & alone)  # (B, H, R, nc, C, 2C)
+
+    scores = torch.matmul(qc, kw.transpose(-1, -2)) / math.sqrt(D)  # (B, H, R, nc, C, 2C)
+    weights = _masked_softmax(scores, mask)  # (B, H, R, nc, C, 2C)
+    out = torch.matmul(weights, vw).reshape(B, H, R, Tp, Dv)[:, :, :, :T]  # (B, H, R, T, Dv)
+
+    undo = torch.argsort(order, dim=-1)  # (B, H, R, T) inverse permutation
+    out = out.gather(3, undo[..., None].expand(B, H, R, T, Dv))  # (B, H, R, T, Dv)
+    if R > 1:
+        lse = torch.logsumexp(scores + _blocking_bias(mask, scores.dtype), dim=-1)  # (B, H, R, nc, C)
+        lse = lse.reshape(B, H, R, Tp)[:, :, :, :T].gather(3, undo)  # (B, H, R, T)
+        mix = torch.softmax(lse, dim=2)  # (B, H, R, T) weight of each round
+        out = (mix.unsqueeze(-1) * out).sum(dim=2)  # (B, H, T, Dv)
+    else:
+        out = out[:, :, 0]  # (B, H, T, Dv)
+    return (out, buckets) if return_buckets else out
+
+
+# ----------------------------------------------------------------------------- FlashAttention
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    block_size: int = 128,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Exact softmax attention, tiled with an online softmax (FlashAttention's
+    forward pass, Dao et al., 2022), in plain PyTorch.
+
+    Queries and keys are cut into blocks of ``block_size``. Every query block
+    visits the key blocks one at a time and keeps three running quantities
+    per query: the max score so far ``m``, the sum of ``exp(score - m)`` so far
+    ``l`` and the unnormalised output ``acc``. A key block whose (query block,
+    key block) tile of scores is ``s`` updates them as::
+
+        m_new = max(m, rowmax(s))
+        p     = exp(s - m_new)
+        l     = exp(m - m_new) * l   + rowsum(p)
+        acc   = exp(m - m_new) * acc + p @ v_block
+
+    (``exp(m - m_new)`` rescales what was summed against the old max) and at
+    the end ``out = acc / l``. The result equals
+    ``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)``.
+
+    As the GPU kernel runs the query blocks in parallel, the Python loop here
+    runs over key blocks only and the query blocks are a batch dimension: each
+    step handles the tiles (every query block, one key block), so at most
+    ``T * block_size`` scores exist at a time, O(T * block) memory instead of
+    O(T * S). With ``causal`` (query i sees keys j <= i, top-left aligned as in
+    PyTorch) the tiles entirely above the diagonal are skipped: key block
+    ``n`` only meets query blocks ``n, n+1, ...``, which halves the work.
+
+    Memory note: the O(T * block) bound holds for the forward pass (e.g. under
+    ``torch.no_grad()``). Gradients flow, but through autograd, which keeps
+    every tile for the backward pass.
+    """
+    B, H, T, S, D = _check_bhtd(q, k, v)
+    bs = _check_int("block_size", block_size, 1)
+    scale = _check_scale(scale, D)
+    acc_dtype = torch.promote_types(q.dtype, torch.float32)
+    lowest = torch.finfo(acc_dtype).min
+    dev = q.device
+    Dv = v.shape[-1]
+    nq = -(-T // bs)
+    Tp = nq * bs
+    qb = (F.pad(q, (0, 0, 0, Tp - T)).to(acc_dtype) * scale).view(B, H, nq, bs, D)  # (B, H, nq, bs, D)
+    m = torch.full((B, H, nq, bs, 1), lowest, dtype=acc_dtype, device=dev)  # (B, H, nq, bs, 1)
+    l = torch.zeros(B, H, nq, bs, 1, dtype=acc_dtype, device=dev)  # (B, H, nq, bs, 1)
+    acc = torch.zeros(B, H, nq, bs, Dv, dtype=acc_dtype, device=dev)  # (B, H, nq, bs, Dv)
+    if causal:
+        tri = torch.ones(bs, bs, dtype=torch.bool, device=dev).tril()  # (bs, bs) key c <= query r
+        diagonal_bias = _blocking_bias(tri, acc_dtype)  # (bs, bs) 0 or finfo.min
+    # without autograd the tiles can be updated in place (fewer temporaries)
+    in_place = not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+    for n, ks in enumerate(range(0, S, bs)):
+        first = n if causal else 0  # query blocks before this one lie entirely above the diagonal
+        if first >= nq:
+            break
+        ke = min(ks + bs, S)
+        kb = k[:, :, ks:ke].to(acc_dtype)  # (B, H, Bc, D)
+        vb = v[:, :, ks:ke].to(acc_dtype)  # (B, H, Bc, Dv)
+        nr = nq - first  # query blocks meeting this key block
+        # one (nr * bs, D) @ (D, Bc) product per (batch, head): the query blocks share the key block
+        s = torch.matmul(qb[:, :, first:].reshape(B, H, nr * bs, D), kb.transpose(-2, -1))  # (B, H, nr*bs, Bc)
+        s = s.view(B, H, nr, bs, ke - ks)  # (B, H, nr, bs, Bc)
+        if causal:
+            # only the diagonal tile (query block n against key block n) has
+            # blocked entries: query n*bs + r sees key n*bs + c when c <= r
+            s[:, :, 0].add_(diagonal_bias[:, : ke - ks])
+        m_old = m[:, :, first:]  # (B, H, nr, bs, 1)
+        m_new = torch.maximum(m_old, s.amax(dim=-1, keepdim=True))  # (B, H, nr, bs, 1)
+        # every row of every tile visited has an allowed key (key block n's first
+        # key for query block n), so m_new is a real score and blocked entries
+        # give exp(finfo.min - m_new) = 0 exactly
+        p = s.sub_(m_new).exp_() if in_place else torch.exp(s - m_new)  # (B, H, nr, bs, Bc)
+        alpha = torch.exp(m_old - m_new)  # (B, H, nr, bs, 1)
+        pv = torch.matmul(p.view(B, H, nr * bs, ke - ks), vb).view(B, H, nr, bs, Dv)  # (B, H, nr, bs, Dv)
+        if in_place:
+            l[:, :, first:].mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
+            acc[:, :, first:].mul_(alpha).add_(pv)
+            m[:, :, first:] = m_new
+            continue
+        l_new = alpha * l[:, :, first:] + p.sum(dim=-1, keepdim=True)  # (B, H, nr, bs, 1)
+        acc_new = alpha * acc[:, :, first:] + pv  # (B, H, nr, bs, Dv)
+        if first:
+            m = torch.cat([m[:, :, :first], m_new], dim=2)  # (B, H, nq, bs, 1)
+            l = torch.cat([l[:, :, :first], l_new], dim=2)  # (B, H, nq, bs, 1)
+            acc = torch.cat([acc[:, :, :first], acc_new], dim=2)  # (B, H, nq, bs, Dv)
+        else:
+            m, l, acc = m_new, l_new, acc_new
+    out = torch.where(l > 0, acc / l.clamp_min(torch.finfo(acc_dtype).tiny), 0.0)  # (B, H, nq, bs, Dv)
+    return out.reshape(B, H, Tp, Dv)[:, :, :T].to(q.dtype)  # (B, H, T, Dv)
