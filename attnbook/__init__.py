@@ -10,6 +10,7 @@ explorers), ``plotting``, ``exercises``.
 
 from . import masks
 from .core import default_device, scaled_dot_product_attention
+from .kvcache import KVCache, kv_cache_bytes_per_token
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .mha import MultiHeadAttention, merge_heads, split_heads
 from .positional import (
@@ -30,6 +31,8 @@ __all__ = [
     "padding_mask",
     "sliding_window_mask",
     "MultiHeadAttention",
+    "KVCache",
+    "kv_cache_bytes_per_token",
     "split_heads",
     "merge_heads",
     "sinusoidal_encoding",

@@ -155,13 +155,22 @@ class MultiHeadAttention(nn.Module):
                 weights = None
         return self.out_proj(merge_heads(out)), weights  # (B, T, E)
 
-    def forward(self, query, key=None, value=None, mask=None, *, need_weights: bool = True):
+    def forward(self, query, key=None, value=None, mask=None, *, need_weights: bool = True, cache=None):
+        """``cache`` (an :class:`attnbook.KVCache`) turns on incremental decoding for
+        self-attention: only the new tokens in ``query`` are projected, their keys
+        and values are appended to the cache, and the queries attend over
+        everything cached. The mask then has S = cached + new keys (see
+        ``causal_mask(T, S, offset=S - T)``); with a single new token none is needed."""
         unbatched = isinstance(query, torch.Tensor) and query.dim() == 2
         if unbatched:  # (T, E) -> (1, T, E)
             query = query.unsqueeze(0)
             key = None if key is None else key.unsqueeze(0)
             value = None if value is None else value.unsqueeze(0)
-        q, k, v = self.project(query, key, value)
+        q, k, v = self.project(query, key, value)  # q (B, H, T, D); k, v (B, Hkv, T_new, D)
+        if cache is not None:
+            if key is not None or value is not None:
+                raise ValueError("a KV cache is for self-attention: pass only query (the new tokens)")
+            k, v = cache.append(k, v)  # (B, Hkv, S, D), S = cached + new
         out, weights = self.attend(q, k, v, mask, need_weights)
         if unbatched:
             out = out.squeeze(0)

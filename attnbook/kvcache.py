@@ -1,0 +1,62 @@
+"""A key/value cache for incremental (token-by-token) decoding.
+
+Dimension legend: B batch, Hkv key/value heads, S cached length, D head dim.
+
+When a decoder generates token t+1 it needs the keys and values of tokens
+0..t. They do not change once computed (causal attention: earlier tokens never
+see later ones), so instead of re-running the whole prefix every step, each
+attention layer stores them and only projects the newest token. With
+grouped-query attention the cache holds Hkv heads, not H: that is where
+GQA and MQA save memory.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["KVCache", "kv_cache_bytes_per_token"]
+
+
+class KVCache:
+    """Keys and values of one attention layer, ``(B, Hkv, S, D)`` each, grown by ``append``."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def __repr__(self) -> str:
+        shape = None if self.k is None else tuple(self.k.shape)
+        return f"KVCache(length={len(self)}, k shape={shape})"
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add the new tokens' keys and values ``(B, Hkv, T_new, D)``; return all of them."""
+        if k.dim() != 4 or v.dim() != 4 or k.shape[:3] != v.shape[:3]:
+            raise ValueError(f"k and v must be (B, Hkv, T, D) with matching (B, Hkv, T), got {tuple(k.shape)} and {tuple(v.shape)}")
+        if self.k is None:
+            self.k, self.v = k, v
+        else:
+            if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
+                raise ValueError(f"new keys {tuple(k.shape)} do not fit the cache's {tuple(self.k.shape)}")
+            self.k = torch.cat([self.k, k], dim=2)  # (B, Hkv, S + T_new, D)
+            self.v = torch.cat([self.v, v], dim=2)  # (B, Hkv, S + T_new, Dv)
+        return self.k, self.v
+
+    @property
+    def nbytes(self) -> int:
+        if self.k is None:
+            return 0
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+    def reset(self) -> None:
+        self.k = self.v = None
+
+
+def kv_cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
+                             dtype: torch.dtype = torch.float16) -> int:
+    """Bytes one token adds to the cache of a whole model: keys and values
+    (2) x layers x key/value heads x head dim x bytes per number."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * num_kv_heads * head_dim * itemsize

@@ -1,0 +1,71 @@
+"""Grouped-query attention and the KV cache."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnbook import KVCache, MultiHeadAttention, causal_mask, kv_cache_bytes_per_token, merge_heads, split_heads
+
+
+def _x(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 2, 4])
+def test_gqa_equals_explicit_repeat_of_kv_heads(num_kv_heads):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(32, 8, num_kv_heads=num_kv_heads).double()
+    x = _x(2, 6, 32, seed=1)
+    out, w = mha(x, mask=causal_mask(6))
+    q = split_heads(mha.q_proj(x), 8)  # (B, 8, T, 4)
+    k = split_heads(mha.k_proj(x), num_kv_heads)  # (B, Hkv, T, 4)
+    v = split_heads(mha.v_proj(x), num_kv_heads)
+    group = 8 // num_kv_heads
+    k_rep = torch.stack([k[:, h // group] for h in range(8)], dim=1)  # query head h uses kv head h // group
+    v_rep = torch.stack([v[:, h // group] for h in range(8)], dim=1)
+    ref = F.scaled_dot_product_attention(q, k_rep, v_rep, attn_mask=causal_mask(6))
+    torch.testing.assert_close(out, mha.out_proj(merge_heads(ref)))
+    assert mha.k_proj.weight.shape == (num_kv_heads * 4, 32)
+    fast, _ = mha(x, mask=causal_mask(6), need_weights=False)
+    torch.testing.assert_close(fast, out)
+
+
+def test_gqa_with_all_heads_is_the_plain_module():
+    torch.manual_seed(0)
+    a = MultiHeadAttention(16, 4).double()
+    torch.manual_seed(0)
+    b = MultiHeadAttention(16, 4, num_kv_heads=4).double()
+    x = _x(1, 5, 16)
+    torch.testing.assert_close(a(x)[0], b(x)[0])
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 4])
+def test_incremental_decoding_with_cache_equals_full_causal_pass(num_kv_heads):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, num_kv_heads=num_kv_heads).double().eval()
+    x = _x(2, 7, 16, seed=3)
+    full, w_full = mha(x, mask=causal_mask(7))
+    cache = KVCache()
+    prompt, _ = mha(x[:, :3], mask=causal_mask(3), cache=cache)  # a 3-token prompt at once
+    steps = [prompt]
+    for t in range(3, 7):  # then one token at a time
+        out, w = mha(x[:, t:t + 1], cache=cache)
+        assert w.shape == (2, 4, 1, t + 1)
+        steps.append(out)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full)
+    assert len(cache) == 7 and cache.k.shape == (2, num_kv_heads, 7, 4)
+    assert cache.nbytes == 2 * 2 * num_kv_heads * 7 * 4 * 8
+
+
+def test_cache_memory_formula_and_errors():
+    # Llama-2-7B-like: 32 layers, 32 heads of 128, float16 -> 512 KiB per token; GQA with 8 kv heads -> 128 KiB
+    assert kv_cache_bytes_per_token(32, 32, 128) == 512 * 1024
+    assert kv_cache_bytes_per_token(32, 8, 128) == 128 * 1024
+    assert kv_cache_bytes_per_token(32, 1, 128, torch.float32) == 32 * 1024
+    cache = KVCache()
+    cache.append(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
+    with pytest.raises(ValueError, match="do not fit"):
+        cache.append(torch.zeros(1, 3, 1, 4), torch.zeros(1, 3, 1, 4))
+    mha = MultiHeadAttention(8, 2)
+    with pytest.raises(ValueError, match="self-attention"):
+        mha(torch.zeros(1, 1, 8), torch.zeros(1, 2, 8), cache=KVCache())
