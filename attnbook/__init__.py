@@ -14,10 +14,15 @@ from .kvcache import KVCache, kv_cache_bytes_per_token
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .mha import MultiHeadAttention, merge_heads, split_heads
 from .positional import (
+    LearnedPositionalEmbedding,
+    RelativePositionBias,
+    SinusoidalPositionalEncoding,
     alibi_bias,
     alibi_slopes,
     apply_rotary,
+    relative_position_bucket,
     rotary_permutation,
+    shift_matrix,
     sinusoidal_encoding,
 )
 
@@ -40,4 +45,22 @@ __all__ = [
     "rotary_permutation",
     "alibi_slopes",
     "alibi_bias",
+    "shift_matrix",
+    "relative_position_bucket",
+    "SinusoidalPositionalEncoding",
+    "LearnedPositionalEmbedding",
+    "RelativePositionBias",
 ]
+
+# Submodules with heavier imports (matplotlib, ipywidgets, tokenizers) load on first use:
+# `attnbook.widgets.saturation_explorer()` works after a plain `import attnbook`.
+_LAZY = {"widgets", "explorer", "plotting", "exercises", "efficient", "efficient_explorer", "layers", "tasks",
+         "train", "pretrained", "positional", "kvcache"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
