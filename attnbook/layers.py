@@ -163,22 +163,25 @@ class TransformerEncoderLayer(nn.Module):
     def extra_repr(self) -> str:
         return f"norm_first={self.norm_first}"
 
-    def _sa_block(self, x, mask, need_weights):
-        out, weights = self.self_attn(x, mask=mask, need_weights=need_weights)  # (B, T, E), (B, H, T, T)
+    def _sa_block(self, x, mask, need_weights, cache=None):
+        out, weights = self.self_attn(x, mask=mask, need_weights=need_weights, cache=cache)  # (B, T, E), (B, H, T, S)
         return self.dropout1(out), weights
 
     def _ff_block(self, x):
         return self.dropout2(self.ff(x))  # (B, T, E)
 
-    def forward(self, src: torch.Tensor, mask: torch.Tensor | None = None, *, need_weights: bool = False):
+    def forward(self, src: torch.Tensor, mask: torch.Tensor | None = None, *, need_weights: bool = False,
+                cache=None):
+        """``cache`` (an :class:`attnbook.KVCache`) makes the self-attention
+        incremental: ``src`` holds only the new positions (decoder-only generation)."""
         _check_seq("src", src, self.d_model)
         x = src  # (B, T, E)
         if self.norm_first:
-            sa, weights = self._sa_block(self.norm1(x), mask, need_weights)
+            sa, weights = self._sa_block(self.norm1(x), mask, need_weights, cache)
             x = x + sa
             x = x + self._ff_block(self.norm2(x))
         else:
-            sa, weights = self._sa_block(x, mask, need_weights)
+            sa, weights = self._sa_block(x, mask, need_weights, cache)
             x = self.norm1(x + sa)
             x = self.norm2(x + self._ff_block(x))
         return (x, weights) if need_weights else x  # (B, T, E)
@@ -256,8 +259,8 @@ class TransformerDecoderLayer(nn.Module):
     def extra_repr(self) -> str:
         return f"norm_first={self.norm_first}"
 
-    def _sa_block(self, x, mask, need_weights):
-        out, weights = self.self_attn(x, mask=mask, need_weights=need_weights)  # (B, T, E), (B, H, T, T)
+    def _sa_block(self, x, mask, need_weights, cache=None):
+        out, weights = self.self_attn(x, mask=mask, need_weights=need_weights, cache=cache)  # (B, T, E), (B, H, T, S)
         return self.dropout1(out), weights
 
     def _ca_block(self, x, memory, mask, need_weights):
@@ -346,15 +349,20 @@ class TransformerEncoder(nn.Module):
         self.num_layers = num_layers
         self.norm = norm
 
-    def forward(self, src: torch.Tensor, mask: torch.Tensor | None = None, *, need_weights: bool = False):
+    def forward(self, src: torch.Tensor, mask: torch.Tensor | None = None, *, need_weights: bool = False,
+                caches=None):
+        """``caches``: one :class:`attnbook.KVCache` per layer for incremental decoding."""
+        if caches is not None and len(caches) != len(self.layers):
+            raise ValueError(f"got {len(caches)} caches for {len(self.layers)} layers")
         x = src  # (B, T, E)
         all_weights = []
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            cache = None if caches is None else caches[i]
             if need_weights:
-                x, w = layer(x, mask, need_weights=True)  # (B, T, E), (B, H, T, T)
+                x, w = layer(x, mask, need_weights=True, cache=cache)  # (B, T, E), (B, H, T, S)
                 all_weights.append(w)
             else:
-                x = layer(x, mask)
+                x = layer(x, mask, cache=cache)
         if self.norm is not None:
             x = self.norm(x)
         return (x, all_weights) if need_weights else x

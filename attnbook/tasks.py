@@ -59,6 +59,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .core import _shape
+from .kvcache import KVCache
 from .layers import TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
 from .masks import causal_mask
 
@@ -368,11 +369,14 @@ class _TokenEmbedding(nn.Module):
         self.tok = nn.Embedding(vocab_size, d_model)
         self.pos = nn.Embedding(max_len, d_model)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
         T = ids.shape[1]
-        if T > self.pos.num_embeddings:
-            raise ValueError(f"sequence of length {T} is longer than max_len={self.pos.num_embeddings}")
-        pos = torch.arange(T, device=ids.device)  # (T,)
+        if offset + T > self.pos.num_embeddings:
+            raise ValueError(
+                f"sequence of length {T} at offset {offset} is longer than max_len={self.pos.num_embeddings} "
+                f"(positions {offset}..{offset + T - 1})"
+            )
+        pos = torch.arange(offset, offset + T, device=ids.device)  # (T,)
         return self.tok(ids) + self.pos(pos)  # (B, T, E)
 
 
@@ -549,18 +553,32 @@ class DecoderOnlyTransformer(nn.Module):
         self.blocks = TransformerEncoder(layer, num_layers, nn.LayerNorm(d_model) if norm_first else None)
         self.head = nn.Linear(d_model, V)  # E -> V
 
-    def forward(self, ids: torch.Tensor, *, return_attention: bool = False):
+    def forward(self, ids: torch.Tensor, *, return_attention: bool = False, caches=None):
+        """With ``caches`` (one :class:`attnbook.KVCache` per layer, see
+        :meth:`new_caches`), ``ids`` are only the new tokens: they sit after the
+        cached ones and attend to them and causally to each other."""
         _check_ids("ids", ids, len(self.vocab))
         T = ids.shape[1]
-        mask = causal_mask(T, device=ids.device)  # (T, T)
         real = ids != self.vocab.pad_id  # (B, T)
-        if not bool(real.all()):
-            mask = mask & real[:, None, None, :]  # (B, 1, T, T)
-        x = self.embed(ids)  # (B, T, E)
+        if caches is None:
+            mask = causal_mask(T, device=ids.device)  # (T, T)
+            if not bool(real.all()):
+                mask = mask & real[:, None, None, :]  # (B, 1, T, T)
+            x = self.embed(ids)  # (B, T, E)
+        else:
+            if not bool(real.all()):
+                raise ValueError("incremental decoding with a KV cache does not take padded sequences")
+            past = len(caches[0])
+            mask = causal_mask(T, past + T, offset=past, device=ids.device)  # (T, S): new tokens after the past
+            x = self.embed(ids, offset=past)  # (B, T, E)
         if not return_attention:
-            return self.head(self.blocks(x, mask))  # (B, T, V)
-        y, weights = self.blocks(x, mask, need_weights=True)
+            return self.head(self.blocks(x, mask, caches=caches))  # (B, T, V)
+        y, weights = self.blocks(x, mask, need_weights=True, caches=caches)
         return self.head(y), {"self": weights}
+
+    def new_caches(self) -> list[KVCache]:
+        """One empty :class:`attnbook.KVCache` per layer."""
+        return [KVCache() for _ in self.blocks.layers]
 
     def _sequence(self, src, tgt):
         _check_ids("src", src, len(self.vocab))
@@ -585,9 +603,15 @@ class DecoderOnlyTransformer(nn.Module):
         return [w[:, :, S : S + L, :S] for w in attn["self"]]
 
     @torch.no_grad()
-    def generate(self, src: torch.Tensor, max_new_tokens: int | None = None) -> torch.Tensor:
+    def generate(self, src: torch.Tensor, max_new_tokens: int | None = None, *, use_cache: bool = False,
+                 return_logits: bool = False):
         """Greedy continuation of ``src <sep>``: ``(B, <= max_new_tokens)`` ids,
-        PAD after each row's EOS; stops once every row has an EOS."""
+        PAD after each row's EOS; stops once every row has an EOS.
+
+        ``use_cache=True`` runs the prompt once and then only the newest token
+        per step, reusing every layer's keys and values from a KV cache; the
+        tokens are the same as without it. ``return_logits=True`` also returns
+        the logits of each generated position, ``(B, steps, V)``."""
         _check_ids("src", src, len(self.vocab))
         room = self.max_len - src.shape[1]  # the last step reads S + 1 + (max_new_tokens - 1) tokens
         max_new_tokens = room if max_new_tokens is None else max_new_tokens
@@ -599,10 +623,19 @@ class DecoderOnlyTransformer(nn.Module):
         seq = torch.cat([src, torch.full_like(src[:, :1], self.vocab.sep_id)], dim=1)  # (B, S + 1)
         start = seq.shape[1]
         done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
-        for _ in range(max_new_tokens):
-            nxt = self(seq)[:, -1].argmax(-1)  # (B,)
+        caches = self.new_caches() if use_cache else None
+        step_logits = []
+        for step in range(max_new_tokens):
+            if use_cache:
+                new = seq if step == 0 else seq[:, -1:]  # the prompt once, then one token at a time
+                logits = self(new, caches=caches)[:, -1]  # (B, V)
+            else:
+                logits = self(seq)[:, -1]  # (B, V): the whole sequence again
+            step_logits.append(logits)
+            nxt = logits.argmax(-1)  # (B,)
             seq = torch.cat([seq, nxt[:, None]], dim=1)
             done |= nxt == self.vocab.eos_id
             if bool(done.all()):
                 break
-        return _stop_after_eos(seq[:, start:], self.vocab.eos_id, self.vocab.pad_id)
+        out = _stop_after_eos(seq[:, start:], self.vocab.eos_id, self.vocab.pad_id)
+        return (out, torch.stack(step_logits, dim=1)) if return_logits else out

@@ -69,3 +69,38 @@ def test_cache_memory_formula_and_errors():
     mha = MultiHeadAttention(8, 2)
     with pytest.raises(ValueError, match="self-attention"):
         mha(torch.zeros(1, 1, 8), torch.zeros(1, 2, 8), cache=KVCache())
+
+
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_decoder_only_generation_with_cache_gives_the_same_tokens_and_logits(num_layers):
+    from attnbook.tasks import DecoderOnlyTransformer, copy_task
+    from attnbook.train import fit
+
+    task = copy_task(length=6, num_symbols=6)
+    torch.manual_seed(0)
+    model = DecoderOnlyTransformer(task.vocab, d_model=32, num_heads=4, num_layers=num_layers, max_len=32)
+    fit(model, task, steps=60, batch_size=32, lr=3e-3, device="cpu", progress=False)  # enough to emit real tokens
+    src, _ = task.batch(16, seed=5, split="test")
+    plain, plain_logits = model.generate(src, 7, return_logits=True)
+    cached, cached_logits = model.generate(src, 7, use_cache=True, return_logits=True)
+    assert torch.equal(plain, cached)
+    torch.testing.assert_close(cached_logits, plain_logits, atol=1e-5, rtol=1e-5)
+    assert cached_logits.shape[:2] == (16, plain_logits.shape[1]) and plain_logits.shape[1] >= 1
+
+
+def test_cached_forward_rejects_padding_and_tracks_positions():
+    from attnbook.tasks import DecoderOnlyTransformer, copy_task
+
+    task = copy_task(length=4, num_symbols=4)
+    model = DecoderOnlyTransformer(task.vocab, d_model=16, num_heads=2, num_layers=1, max_len=8).eval()
+    caches = model.new_caches()
+    ids = torch.tensor([[4, 5, 6]])
+    with torch.no_grad():
+        full = model(ids)
+        a = model(ids[:, :2], caches=caches)
+        b = model(ids[:, 2:], caches=caches)
+    torch.testing.assert_close(torch.cat([a, b], dim=1), full)
+    with pytest.raises(ValueError, match="padded"):
+        model(torch.tensor([[0]]), caches=caches)
+    with pytest.raises(ValueError, match="max_len=8"):
+        model(torch.tensor([[4] * 6]), caches=caches)
