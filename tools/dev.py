@@ -63,14 +63,19 @@ def ensure_ipywidgets7() -> Path:
 
 
 def ensure_chromium() -> None:
-    if Path(CHROMIUM).exists():
+    """Debian's chromium for the browser tests, and a CJK font so that screenshots of the
+    glossary show its Chinese terms (readers' browsers have one; a bare server does not)."""
+    wanted = {"chromium": Path(CHROMIUM).exists(), "fonts-wqy-zenhei": Path("/usr/share/fonts/truetype/wqy").exists()}
+    missing = [pkg for pkg, present in wanted.items() if not present]
+    if not missing:
         return
     if shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         run("apt-get", "update", "-qq", env=env)
-        run("apt-get", "install", "-y", "-qq", "chromium", env=env)
+        run("apt-get", "install", "-y", "-qq", *missing, env=env)
     else:
-        print("! Chromium is not installed (apt-get install chromium as root): the browser tests will skip.")
+        print(f"! {', '.join(missing)} not installed (apt-get install as root): "
+              "the browser tests skip without Chromium.")
 
 
 def build_book(strict: bool) -> None:
