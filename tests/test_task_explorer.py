@@ -1,0 +1,162 @@
+"""attnbook.task_explorer without a browser: the maps it shows are the model's own
+attention on the chosen input, the controls change them, the figure draws them,
+and the static scrubber holds one frame per combination.
+
+Dimension legend: H heads, S source length, L target length (EOS included),
+T and K the query and key length of the block shown.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnbook.explorer import figure_png
+from attnbook.task_explorer import KINDS, run_with_attention, trained_head_explorer
+from attnbook.tasks import DecoderOnlyTransformer, Seq2SeqTransformer, addition_task, copy_task
+from attnbook.train import attention_alignment, fit, predict
+
+COPY = copy_task(length=4, num_symbols=5)
+ADD = addition_task(num_digits=1)
+EXAMPLES = {"copy": ["0123", "4441", "2020"], "addition": ["3+4", "9+9", "0+5"]}
+
+
+def _model(task, num_heads=2, decoder_layers=1, seed=0):
+    torch.manual_seed(seed)
+    return Seq2SeqTransformer(task.vocab, d_model=16, num_heads=num_heads, num_encoder_layers=1,
+                              num_decoder_layers=decoder_layers, dim_feedforward=32).eval()
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {"copy": (_model(COPY, num_heads=2, decoder_layers=2), COPY), "addition": (_model(ADD, num_heads=4), ADD)}
+
+
+@pytest.fixture(scope="module")
+def explorer(models):
+    return trained_head_explorer(models, EXAMPLES, static_examples=2)
+
+
+def _reference(model, task, text):
+    """The model's own attention when it reads ``text`` and its own greedy output."""
+    src = task.encode(text)  # (1, S)
+    out = predict(model, task, src)  # (1, L)
+    tgt_in = torch.cat([torch.full_like(out[:, :1], task.vocab.bos_id), out[:, :-1]], dim=1)  # (1, L)
+    with torch.no_grad():
+        _, attn = model(src, tgt_in, return_attention=True)
+    return out, attn
+
+
+@pytest.mark.parametrize("task_name", ["copy", "addition"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_maps_are_the_models_attention_on_that_input(explorer, models, task_name, kind):
+    model, task = models[task_name]
+    for example, text in enumerate(EXAMPLES[task_name]):
+        d = explorer.update(task=task_name, example=example, kind=kind, layer=0)
+        out, attn = _reference(model, task, text)
+        torch.testing.assert_close(d["weights"], attn[KINDS[kind]][0][0])  # (H, T, K)
+        assert d["source"] == text and d["prediction"] == task.decode(out[0])
+        S, L = task.src_len, task.tgt_len + 1
+        T, K = {"encoder": (S, S), "decoder_self": (L, L), "decoder_cross": (L, S)}[KINDS[kind]]
+        assert d["weights"].shape == (model.encoder.layers[0].self_attn.num_heads, T, K)
+        torch.testing.assert_close(d["weights"].sum(-1), torch.ones(d["weights"].shape[:2]))
+        assert len(d["queries"]) == T and len(d["keys"]) == K
+
+
+def test_labels_name_the_source_and_the_written_tokens(explorer, models):
+    d = explorer.update(task="copy", example=1, kind="cross-attention", layer=0)
+    assert d["keys"] == list("4441")
+    model, task = models["copy"]
+    out = predict(model, task, task.encode("4441"))[0]
+    assert d["queries"] == [task.vocab.tokens[i].strip("<>") for i in out.tolist()]
+    d = explorer.update(kind="decoder self-attention")
+    assert d["keys"][0] == "bos" and d["keys"][1:] == d["queries"][:-1]  # the decoder reads BOS, then its output
+
+
+def test_controls_change_the_data(explorer):
+    base = explorer.update(task="copy", example=0, kind="cross-attention", layer=0)["weights"].clone()
+    assert not torch.equal(explorer.update(example=1)["weights"], base)
+    explorer.update(example=0)
+    assert explorer.update(layer=1)["layer"] == 1  # the copy model has 2 decoder layers
+    assert not torch.equal(explorer.data["weights"], base)
+    d = explorer.update(task="addition")  # 1 decoder layer: layer 1 falls back to its last layer
+    assert d["layer"] == 0 and d["num_layers"] == 1 and d["weights"].shape == (4, 3, 3)
+    assert explorer.update(kind="encoder self-attention")["weights"].shape == (4, 3, 3)
+    assert explorer.update(kind="decoder self-attention")["weights"].shape == (4, 3, 3)
+    explorer.update(task="copy", example=0, kind="cross-attention", layer=0)
+
+
+def test_figure_draws_every_head_and_the_labels(explorer):
+    for task, H in (("copy", 2), ("addition", 4)):
+        d = explorer.update(task=task, example=2, kind="cross-attention", layer=0)
+        T, K = d["weights"].shape[1:]
+        ax = explorer.figure.axes[0]
+        tiles = torch.as_tensor(ax.images[0].get_array().filled(np.nan))
+        assert tiles.shape == (T, H * (K + 1) - 1)
+        for h in range(H):
+            torch.testing.assert_close(tiles[:, h * (K + 1): h * (K + 1) + K], d["weights"][h])
+        texts = [t.get_text() for t in ax.texts]
+        assert [f"head {h}" for h in range(H)] == [t for t in texts if t.startswith("head")]
+        assert texts.count(d["keys"][0]) >= H  # the source symbols under every tile
+        assert task in explorer.figure.texts[0].get_text()
+    explorer.update(task="copy", example=0)
+
+
+def test_caption_reports_the_output_and_the_per_input_alignment(explorer, models):
+    d = explorer.update(task="addition", example=1, kind="cross-attention", layer=0)
+    model, task = models["addition"]
+    run = run_with_attention(model, task, "9+9")
+    expected = task.alignment_targets(run.src)[0].float()  # (L, S)
+    rows = expected.sum(-1) > 0
+    shares = (d["weights"] * expected).sum(-1)[:, rows].mean(-1)  # (H,)
+    torch.testing.assert_close(d["shares"], shares)
+    cap = explorer.caption_text()
+    assert run.pretty() in cap and f"{shares[0]:.2f}" in cap
+    assert ("correct" in cap) == run.correct and ("9+9=18" in cap) == (not run.correct)
+    assert explorer.update(kind="encoder self-attention")["shares"] is None
+    explorer.update(task="copy", example=0, kind="cross-attention")
+
+
+def test_static_frames_cover_the_static_values(explorer):
+    counts = [len(c.static) for c in explorer.controls]
+    assert counts == [2, 2, 3, 2]  # tasks, static examples, kinds, layers
+    frames = list(explorer.frames())
+    assert len(frames) == 2 * 2 * 3 * 2
+    assert all(png.startswith(b"\x89PNG") for _, png, _ in frames)
+    assert {(v["task"], v["example"]) for v, _, _ in frames} == {(t, e) for t in EXAMPLES for e in (0, 1)}
+    html = explorer.static_html()
+    assert html.count('class="ab-frame"') == 24
+    assert figure_png(explorer.figure).startswith(b"\x89PNG")
+
+
+def test_bad_arguments_are_named(models):
+    with pytest.raises(ValueError, match="same number"):
+        trained_head_explorer(models, {"copy": ["0123"], "addition": ["3+4", "1+1"]})
+    with pytest.raises(ValueError, match="same task names"):
+        trained_head_explorer(models, {"copy": ["0123"]})
+    with pytest.raises(ValueError, match=r"'01234' is not a copy source"):
+        trained_head_explorer(models, {"copy": ["01234"], "addition": ["3+4"]})
+    with pytest.raises(ValueError, match="static_examples"):
+        trained_head_explorer(models, EXAMPLES, static_examples=4)
+    decoder_only = DecoderOnlyTransformer(ADD.vocab, d_model=16, num_heads=2, num_layers=1)
+    with pytest.raises(TypeError, match="Seq2SeqTransformer"):
+        trained_head_explorer({"addition": (decoder_only, ADD)}, {"addition": ["3+4"]})
+    with pytest.raises(TypeError, match=r"\(model, task\)"):
+        trained_head_explorer({"copy": models["copy"][0]}, {"copy": ["0123"]})
+
+
+def test_a_briefly_trained_copier_shows_the_diagonal():
+    task = copy_task(length=5, num_symbols=5)
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(task.vocab, d_model=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                               dim_feedforward=64)
+    fit(model, task, steps=120, warmup=10, device="cpu", progress=False, eval_every=120, eval_n=50)
+    ex = trained_head_explorer({"copy": (model, task)}, {"copy": ["01234", "43210"]})
+    d = ex.update(example=1, kind="cross-attention")
+    assert d["correct"] and d["prediction"] == "43210"
+    best = int(d["shares"].argmax())
+    assert d["shares"][best] > 0.9  # that head reads source position k when it writes output k
+    diagonal = d["weights"][best, torch.arange(5), torch.arange(5)]  # (S,)
+    assert bool((diagonal > 0.5).all())
+    assert attention_alignment(model, task, n=64).score > 0.9
