@@ -22,6 +22,9 @@ from .core import _shape, check_mask, scaled_dot_product_attention
 
 __all__ = ["MultiHeadAttention", "split_heads", "merge_heads"]
 
+# F.scaled_dot_product_attention(enable_gqa=True) arrived in torch 2.5; older ones repeat the heads
+_SDPA_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """(B, T, E) -> (B, H, T, D), with D = E // H."""
@@ -136,17 +139,21 @@ class MultiHeadAttention(nn.Module):
     def attend(self, q, k, v, mask=None, need_weights=True):
         """Attention over already projected heads; returns (out (B, T, E), weights or None)."""
         groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)  # (B, H, S, D)
-            v = v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
         p = self.dropout if self.training else 0.0
         if mask is not None:
             check_mask(mask, torch.Size((q.shape[0], self.num_heads, q.shape[2], k.shape[2])))
         use_fast = not need_weights and not (
             mask is not None and mask.dtype == torch.bool and not bool(mask.any(dim=-1).all())
         )
+        if use_fast and groups > 1 and _SDPA_HAS_GQA:
+            # fused kernel that reads each key/value head once for its whole group of query heads
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, enable_gqa=True)  # (B, H, T, D)
+            return self.out_proj(merge_heads(out)), None
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)  # (B, H, S, D): query head h uses key/value head h // groups
+            v = v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
         if use_fast:
-            # fused kernel; rows with every key masked take the explicit path above
+            # fused kernel; rows with every key masked take the explicit path below
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, H, T, D)
             weights = None
         else:
