@@ -12,7 +12,7 @@ Mask convention (the same everywhere in the package): a bool mask is True
 where a query **may attend** to a key, exactly as in
 ``torch.nn.functional.scaled_dot_product_attention``. A float mask is added to
 the scores (ALiBi slopes, relative position biases). Blocked scores are filled
-with ``torch.finfo(dtype).min``, never a literal such as -1e9 (which overflows
+with ``torch.finfo(dtype).min``, never a fixed literal such as minus 10^9 (which overflows
 float16), and a query whose keys are all blocked gets zero weights and a zero
 output instead of NaN.
 """
