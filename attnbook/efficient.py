@@ -75,6 +75,14 @@ def _check_bhtd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int,
     return B, H, T, k.shape[2], D
 
 
+def _check_self_attention(name: str, q: torch.Tensor, k: torch.Tensor) -> None:
+    if q.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"{name} is self-attention: q {_shape(q)} and k {_shape(k)} must have "
+            f"the same length, got T={q.shape[-2]} and S={k.shape[-2]}"
+        )
+
+
 def _check_int(name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
@@ -160,11 +168,7 @@ def sliding_window_attention(
     Self-attention only: q, k and v must have the same length (T == S).
     """
     B, H, T, S, D = _check_bhtd(q, k, v)
-    if S != T:
-        raise ValueError(
-            f"sliding_window_attention is self-attention: q {_shape(q)} and k {_shape(k)} must have "
-            f"the same length, got T={T} and S={S}"
-        )
+    _check_self_attention("sliding_window_attention", q, k)
     window = _check_int("window", window, 0)
     b = min(max(window, 32), T) if block_size is None else _check_int("block_size", block_size, 1)
     scale = _check_scale(scale, D)
@@ -285,11 +289,7 @@ def block_sparse_attention(
     O(T * K * block) instead of O(T^2). Self-attention only (T == S).
     """
     B, H, T, S, D = _check_bhtd(q, k, v)
-    if S != T:
-        raise ValueError(
-            f"block_sparse_attention is self-attention: q {_shape(q)} and k {_shape(k)} must have "
-            f"the same length, got T={T} and S={S}"
-        )
+    _check_self_attention("block_sparse_attention", q, k)
     bs = _check_int("block_size", block_size, 1)
     scale = _check_scale(scale, D)
     nb = -(-T // bs)

@@ -83,6 +83,29 @@ def _torch_activation(layer: nn.Module) -> str:
     raise ValueError(f"activation {layer.activation!r} has no counterpart; use 'relu' or 'gelu'")
 
 
+def _from_torch_common(cls, layer: nn.Module):
+    """What PyTorch's encoder and decoder layers share: the hyperparameters, the
+    self-attention, the feed-forward block and norm1/norm2 (copied onto a new ``cls``)."""
+    new = cls(
+        layer.self_attn.embed_dim,
+        layer.self_attn.num_heads,
+        dim_feedforward=layer.linear1.out_features,
+        dropout=layer.dropout.p,
+        activation=_torch_activation(layer),
+        norm_first=layer.norm_first,
+        layer_norm_eps=layer.norm1.eps,
+        bias=layer.linear1.bias is not None,
+    )
+    w = layer.linear1.weight
+    new = new.to(device=w.device, dtype=w.dtype)
+    new.self_attn = MultiHeadAttention.from_torch(layer.self_attn)
+    new.ff.linear1.load_state_dict(layer.linear1.state_dict())
+    new.ff.linear2.load_state_dict(layer.linear2.state_dict())
+    new.norm1.load_state_dict(layer.norm1.state_dict())
+    new.norm2.load_state_dict(layer.norm2.state_dict())
+    return new
+
+
 class FeedForward(nn.Module):
     """Position-wise feed-forward block: ``linear2(dropout(act(linear1(x))))``.
 
@@ -195,23 +218,7 @@ class TransformerEncoderLayer(nn.Module):
         """
         if not isinstance(layer, nn.TransformerEncoderLayer):
             raise TypeError(f"expected torch.nn.TransformerEncoderLayer, got {type(layer).__name__}")
-        new = cls(
-            layer.self_attn.embed_dim,
-            layer.self_attn.num_heads,
-            dim_feedforward=layer.linear1.out_features,
-            dropout=layer.dropout.p,
-            activation=_torch_activation(layer),
-            norm_first=layer.norm_first,
-            layer_norm_eps=layer.norm1.eps,
-            bias=layer.linear1.bias is not None,
-        )
-        w = layer.linear1.weight
-        new = new.to(device=w.device, dtype=w.dtype)
-        new.self_attn = MultiHeadAttention.from_torch(layer.self_attn)
-        new.ff.linear1.load_state_dict(layer.linear1.state_dict())
-        new.ff.linear2.load_state_dict(layer.linear2.state_dict())
-        new.norm1.load_state_dict(layer.norm1.state_dict())
-        new.norm2.load_state_dict(layer.norm2.state_dict())
+        new = _from_torch_common(cls, layer)
         return new.train(layer.training)
 
 
@@ -307,24 +314,9 @@ class TransformerDecoderLayer(nn.Module):
         """
         if not isinstance(layer, nn.TransformerDecoderLayer):
             raise TypeError(f"expected torch.nn.TransformerDecoderLayer, got {type(layer).__name__}")
-        new = cls(
-            layer.self_attn.embed_dim,
-            layer.self_attn.num_heads,
-            dim_feedforward=layer.linear1.out_features,
-            dropout=layer.dropout.p,
-            activation=_torch_activation(layer),
-            norm_first=layer.norm_first,
-            layer_norm_eps=layer.norm1.eps,
-            bias=layer.linear1.bias is not None,
-        )
-        w = layer.linear1.weight
-        new = new.to(device=w.device, dtype=w.dtype)
-        new.self_attn = MultiHeadAttention.from_torch(layer.self_attn)
+        new = _from_torch_common(cls, layer)
         new.cross_attn = MultiHeadAttention.from_torch(layer.multihead_attn)
-        new.ff.linear1.load_state_dict(layer.linear1.state_dict())
-        new.ff.linear2.load_state_dict(layer.linear2.state_dict())
-        for name in ("norm1", "norm2", "norm3"):
-            getattr(new, name).load_state_dict(getattr(layer, name).state_dict())
+        new.norm3.load_state_dict(layer.norm3.state_dict())
         return new.train(layer.training)
 
 
