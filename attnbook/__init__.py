@@ -54,7 +54,7 @@ __all__ = [
 
 # Submodules with heavier imports (matplotlib, ipywidgets, tokenizers) load on first use:
 # `attnbook.widgets.saturation_explorer()` works after a plain `import attnbook`.
-_LAZY = {"widgets", "explorer", "plotting", "exercises", "efficient", "efficient_explorer", "task_explorer",
+_LAZY = {"widgets", "explorer", "plotting", "exercises", "measure", "efficient", "efficient_explorer", "task_explorer",
          "gqa_explorer", "layers", "tasks",
          "train", "pretrained", "positional", "kvcache"}
 

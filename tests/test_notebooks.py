@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tools.execute import differences, pair
 from tools.setup_cell import MARKER, repository_url, setup_source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +37,18 @@ def test_toc_lists_exactly_the_chapters():
     assert listed == present, f"in _toc.yml but missing: {listed - present}; not in _toc.yml: {present - listed}"
     for f in _toc_files():
         assert any((ROOT / f"{f}{ext}").exists() for ext in (".md", ".ipynb")), f"_toc.yml lists missing {f}"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_text_source_and_notebook_are_in_sync(path):
+    """Each chapter is a jupytext pair: the .md source (MyST Markdown) and the executed .ipynb, cell for cell."""
+    found = differences(*pair(path))
+    assert not found, f"{path.name}: {'; '.join(found)} (run tools/execute.py {pair(path)[0].relative_to(ROOT)})"
+
+
+def test_every_text_source_has_a_notebook():
+    orphans = [p.name for p in (ROOT / "chapters").glob("*.md") if not p.with_suffix(".ipynb").exists()]
+    assert not orphans, f"chapter sources without an executed notebook: {orphans} (run tools/execute.py)"
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
