@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import _shape
+from ._checks import check_int, check_prob, shape_str
 from .mha import MultiHeadAttention
 
 __all__ = [
@@ -47,16 +47,6 @@ __all__ = [
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
 
-def _check_positive_int(name: str, val) -> None:
-    if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-        raise ValueError(f"{name} must be a positive int, got {val!r}")
-
-
-def _check_dropout(p) -> None:
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout must be a float in [0, 1), got {p!r}")
-
-
 def _check_activation(activation) -> str:
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
@@ -67,7 +57,7 @@ def _check_seq(name: str, x, width: int) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() not in (2, 3) or x.shape[-1] != width:
-        raise ValueError(f"{name} must be (B, length, E={width}) (batch-first) or (length, E={width}), got {_shape(x)}")
+        raise ValueError(f"{name} must be (B, length, E={width}) (batch-first) or (length, E={width}), got {shape_str(x)}")
     if not x.dtype.is_floating_point:
         raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
 
@@ -129,9 +119,9 @@ class FeedForward(nn.Module):
         bias: bool = True,
     ):
         super().__init__()
-        _check_positive_int("d_model", d_model)
-        _check_positive_int("dim_feedforward", dim_feedforward)
-        _check_dropout(dropout)
+        check_int("d_model", d_model)
+        check_int("dim_feedforward", dim_feedforward)
+        check_prob("dropout", dropout)
         self.activation = _check_activation(activation)
         self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias)  # E -> F
         self.dropout = nn.Dropout(dropout)
@@ -173,7 +163,7 @@ class TransformerEncoderLayer(nn.Module):
         bias: bool = True,
     ):
         super().__init__()
-        _check_dropout(dropout)
+        check_prob("dropout", dropout)
         self.d_model = d_model
         self.norm_first = bool(norm_first)
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
@@ -250,7 +240,7 @@ class TransformerDecoderLayer(nn.Module):
         bias: bool = True,
     ):
         super().__init__()
-        _check_dropout(dropout)
+        check_prob("dropout", dropout)
         self.d_model = d_model
         self.norm_first = bool(norm_first)
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
@@ -289,7 +279,7 @@ class TransformerDecoderLayer(nn.Module):
         _check_seq("tgt", tgt, self.d_model)
         _check_seq("memory", memory, self.d_model)
         if tgt.dim() != memory.dim() or (tgt.dim() == 3 and tgt.shape[0] != memory.shape[0]):
-            raise ValueError(f"tgt {_shape(tgt)} and memory {_shape(memory)} must share the batch size B")
+            raise ValueError(f"tgt {shape_str(tgt)} and memory {shape_str(memory)} must share the batch size B")
         x = tgt  # (B, T, E)
         if self.norm_first:
             sa, w_self = self._sa_block(self.norm1(x), tgt_mask, need_weights)
@@ -321,7 +311,7 @@ class TransformerDecoderLayer(nn.Module):
 
 
 def _clones(layer: nn.Module, num_layers: int) -> nn.ModuleList:
-    _check_positive_int("num_layers", num_layers)
+    check_int("num_layers", num_layers)
     return nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
 
 

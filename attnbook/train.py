@@ -23,7 +23,8 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from .core import default_device
+from ._checks import check_int
+from ._compat import default_device
 from .tasks import Task
 
 __all__ = ["History", "Alignment", "fit", "evaluate", "predict", "attention_alignment"]
@@ -77,7 +78,7 @@ class Alignment:
         return f"Alignment(best layer {self.layer}, head {self.head}: {self.score:.3f})"
 
 
-def _check_model(model, *methods: str) -> None:
+def _check_model(model: object, *methods: str) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     for m in methods:
@@ -85,14 +86,9 @@ def _check_model(model, *methods: str) -> None:
             raise TypeError(f"{type(model).__name__} has no {m}() method; use a model from attnbook.tasks")
 
 
-def _check_task(task) -> None:
+def _check_task(task: object) -> None:
     if not isinstance(task, Task):
         raise TypeError(f"task must be an attnbook.tasks.Task (e.g. copy_task()), got {type(task).__name__}")
-
-
-def _check_count(name: str, val, minimum: int = 1) -> None:
-    if isinstance(val, bool) or not isinstance(val, int) or val < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {val!r}")
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -134,8 +130,8 @@ def evaluate(
     answer token and the final EOS are right."""
     _check_model(model, "generate")
     _check_task(task)
-    _check_count("n", n)
-    _check_count("batch_size", batch_size)
+    check_int("n", n)
+    check_int("batch_size", batch_size)
     src, tgt = task.batch(n, seed=seed, split=split)
     correct = 0
     for i in range(0, n, batch_size):
@@ -194,10 +190,10 @@ def fit(
     """
     _check_model(model, "loss", "generate")
     _check_task(task)
-    _check_count("steps", steps)
-    _check_count("batch_size", batch_size)
-    _check_count("warmup", warmup, 0)
-    _check_count("eval_n", eval_n)
+    check_int("steps", steps)
+    check_int("batch_size", batch_size)
+    check_int("warmup", warmup, 0)
+    check_int("eval_n", eval_n)
     if not lr > 0:
         raise ValueError(f"lr must be positive, got {lr!r}")
     if clip_grad is not None and not clip_grad > 0:
@@ -205,7 +201,7 @@ def fit(
     if not 0.0 <= min_lr_factor <= 1.0:
         raise ValueError(f"min_lr_factor must be in [0, 1], got {min_lr_factor!r}")
     eval_every = max(1, steps // 10) if eval_every is None else eval_every
-    _check_count("eval_every", eval_every)
+    check_int("eval_every", eval_every)
 
     device = default_device() if device is None else torch.device(device)
     model.to(device)
@@ -254,7 +250,7 @@ def attention_alignment(model: nn.Module, task: Task, n: int = 256, seed: int = 
     examples. Returns the per-layer, per-head scores and the best head."""
     _check_model(model, "source_attention")
     _check_task(task)
-    _check_count("n", n)
+    check_int("n", n)
     src, tgt = task.batch(n, seed=seed, split="test")
     expected = task.alignment_targets(src, tgt).float()  # (B, L, S)
     rows = expected.sum(-1) > 0  # (B, L): target tokens with an expected position

@@ -60,7 +60,7 @@ def test_sinusoidal_odd_last_column_is_sine_and_base():
 
 
 def test_sinusoidal_errors():
-    with pytest.raises(ValueError, match="d_model must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="d_model must be an int >= 1, got 0"):
         sinusoidal_encoding(4, 0)
     with pytest.raises(TypeError, match="max_len must be an int"):
         sinusoidal_encoding(4.0, 8)
