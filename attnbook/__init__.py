@@ -20,8 +20,10 @@ Submodules, one concept each:
 * around them: ``measure`` (timing, memory, cost curves, kernel dispatch,
   where a number was measured), ``plotting`` (heatmaps, head grids and
   mosaics, log-scale bars), ``exercises`` (self-checking exercises),
-  ``explorers`` (the interactive explorers: ``explorers.base`` and one module
-  per family);
+  ``explorers`` (the interactive explorers: ``explorers.base``, the machinery,
+  and one module per family, each with a ``<family>_explorer()`` factory:
+  ``saturation``, ``heads``, ``masks``, ``positions``, ``trained_heads``,
+  ``efficient``, ``gqa``, ``minilm``);
 * old names kept for the chapters: ``widgets``, ``explorer``,
   ``efficient_explorer``, ``gqa_explorer``, ``task_explorer`` (re-exports of
   ``explorers``);

@@ -39,9 +39,10 @@ def check_prob(name: str, value: object) -> float:
     """
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{name} must be a float in [0, 1), got {type(value).__name__} {value!r}")
-    if not 0.0 <= value < 1.0:
+    p = float(value)
+    if not 0.0 <= p < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-    return float(value)
+    return p
 
 
 def shape_str(t: torch.Tensor) -> str:

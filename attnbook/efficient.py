@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.types import Device
 
 from ._checks import check_int, shape_str
 from .core import check_qkv, scaled_dot_product_attention
@@ -350,7 +351,17 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _linear_attention(q, k, v, phi_q, phi_k, causal: bool, eps: float, chunk_size: int, method: str = "chunkwise"):
+def _linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    phi_q: Callable[[torch.Tensor], torch.Tensor],
+    phi_k: Callable[[torch.Tensor], torch.Tensor],
+    causal: bool,
+    eps: float,
+    chunk_size: int,
+    method: str = "chunkwise",
+) -> torch.Tensor:
     """Linear attention out_i = phi(q_i)^T S_i / (phi(q_i)^T z_i + eps), with
     S = sum_j phi(k_j) v_j^T and z = sum_j phi(k_j) over all j (non-causal)
     or over j <= i (causal). ``phi_q`` and ``phi_k`` act row by row and are
@@ -391,6 +402,7 @@ def _linear_attention(q, k, v, phi_q, phi_k, causal: bool, eps: float, chunk_siz
             sl = slice(start, start + chunk_size)
             part = torch.matmul(phi_k(k[:, :, sl]).transpose(-2, -1), with_ones(v[:, :, sl]))  # (B, H, Df, Dv+1)
             state = part if state is None else state + part
+        assert state is not None  # S >= 1
         for start in range(0, T, chunk_size):
             outs.append(normalise(torch.matmul(phi_q(q[:, :, start : start + chunk_size]), state)))  # (B, H, c, Dv)
         return torch.cat(outs, dim=2)  # (B, H, T, Dv)
@@ -525,7 +537,7 @@ def performer_features(
     seed: int = 0,
     *,
     dtype: torch.dtype = torch.float32,
-    device=None,
+    device: Device = None,
 ) -> torch.Tensor:
     """The random projection of FAVOR+, ``(num_features, head_dim)`` = (m, D),
     drawn from a generator seeded with ``seed`` (same seed, same matrix).
@@ -707,7 +719,7 @@ def lsh_attention(
     vc = sv.view(B, H, R, nc, C, Dv)  # (B, H, R, nc, C, Dv)
     pc = spos.view(B, H, R, nc, C)  # (B, H, R, nc, C)
 
-    def look_back(x: torch.Tensor, fill) -> torch.Tensor:
+    def look_back(x: torch.Tensor, fill: float) -> torch.Tensor:
         # each chunk next to the one before it; chunk 0 gets a "previous" chunk of padding
         prev = torch.cat([torch.full_like(x[:, :, :, :1], fill), x[:, :, :, :-1]], dim=3)
         return torch.cat([prev, x], dim=4)  # (B, H, R, nc, 2C, ...)
@@ -889,6 +901,12 @@ def _block_sparse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int
     return block_sparse_attention(q, k, v, window)
 
 
+def _lsh(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, causal: bool) -> torch.Tensor:
+    out = lsh_attention(q, v, lsh_n_buckets(q.shape[2], window), window, causal=causal)  # shared queries/keys: q
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
 REGISTRY: dict[str, Variant] = {
     v.name: v
     for v in (
@@ -902,9 +920,7 @@ REGISTRY: dict[str, Variant] = {
                 lambda q, k, v, window, causal: linear_attention(q, k, v, causal=causal)),
         Variant("performer", False, False, None, True,
                 lambda q, k, v, window, causal: performer_attention(q, k, v, NUM_FEATURES, causal=causal)),
-        Variant("LSH", False, True, "chunk size", True,
-                lambda q, k, v, window, causal: lsh_attention(q, v, lsh_n_buckets(q.shape[2], window), window,
-                                                              causal=causal)),
+        Variant("LSH", False, True, "chunk size", True, _lsh),
         Variant("flash", True, True, "tile size", True,
                 lambda q, k, v, window, causal: flash_attention(q, k, v, causal=causal, block_size=window)),
     )

@@ -59,6 +59,7 @@ class KVCache:
         if self.k is None:
             self.k, self.v = k, v
         else:
+            assert self.v is not None  # keys and values are set together
             if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
                 raise ValueError(f"new keys {tuple(k.shape)} do not fit the cache's {tuple(self.k.shape)}")
             self.k = torch.cat([self.k, k], dim=2)  # (B, Hkv, S + T_new, D)

@@ -28,6 +28,8 @@ attention block of a layer, one list per block kind for a stack).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.nn as nn
@@ -35,6 +37,11 @@ import torch.nn.functional as F
 
 from ._checks import check_int, check_prob, shape_str
 from .mha import MultiHeadAttention
+
+if TYPE_CHECKING:
+    from .kvcache import KVCache
+
+_L = TypeVar("_L", "TransformerEncoderLayer", "TransformerDecoderLayer")
 
 __all__ = [
     "FeedForward",
@@ -44,16 +51,16 @@ __all__ = [
     "TransformerDecoder",
 ]
 
-_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"relu": F.relu, "gelu": F.gelu}
 
 
-def _check_activation(activation) -> str:
+def _check_activation(activation: object) -> str:
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
     return activation
 
 
-def _check_seq(name: str, x, width: int) -> None:
+def _check_seq(name: str, x: object, width: int) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() not in (2, 3) or x.shape[-1] != width:
@@ -73,7 +80,7 @@ def _torch_activation(layer: nn.Module) -> str:
     raise ValueError(f"activation {layer.activation!r} has no counterpart; use 'relu' or 'gelu'")
 
 
-def _from_torch_common(cls, layer: nn.Module):
+def _from_torch_common(cls: type[_L], layer: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer) -> _L:
     """What PyTorch's encoder and decoder layers share: the hyperparameters, the
     self-attention, the feed-forward block and norm1/norm2 (copied onto a new ``cls``)."""
     new = cls(
@@ -176,15 +183,16 @@ class TransformerEncoderLayer(nn.Module):
     def extra_repr(self) -> str:
         return f"norm_first={self.norm_first}"
 
-    def _sa_block(self, x, mask, need_weights, cache=None):
+    def _sa_block(self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool,
+                  cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         out, weights = self.self_attn(x, mask=mask, need_weights=need_weights, cache=cache)  # (B, T, E), (B, H, T, S)
         return self.dropout1(out), weights
 
-    def _ff_block(self, x):
+    def _ff_block(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout2(self.ff(x))  # (B, T, E)
 
     def forward(self, src: torch.Tensor, mask: torch.Tensor | None = None, *, need_weights: bool = False,
-                cache=None):
+                cache: KVCache | None = None) -> Any:
         """``cache`` (an :class:`attnbook.KVCache`) makes the self-attention
         incremental: ``src`` holds only the new positions (decoder-only generation)."""
         _check_seq("src", src, self.d_model)
@@ -256,15 +264,17 @@ class TransformerDecoderLayer(nn.Module):
     def extra_repr(self) -> str:
         return f"norm_first={self.norm_first}"
 
-    def _sa_block(self, x, mask, need_weights, cache=None):
+    def _sa_block(self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool,
+                  cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         out, weights = self.self_attn(x, mask=mask, need_weights=need_weights, cache=cache)  # (B, T, E), (B, H, T, S)
         return self.dropout1(out), weights
 
-    def _ca_block(self, x, memory, mask, need_weights):
+    def _ca_block(self, x: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None,
+                  need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         out, weights = self.cross_attn(x, memory, memory, mask=mask, need_weights=need_weights)  # (B, H, T, S)
         return self.dropout2(out), weights
 
-    def _ff_block(self, x):
+    def _ff_block(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout3(self.ff(x))  # (B, T, E)
 
     def forward(
@@ -275,7 +285,7 @@ class TransformerDecoderLayer(nn.Module):
         memory_mask: torch.Tensor | None = None,
         *,
         need_weights: bool = False,
-    ):
+    ) -> Any:
         _check_seq("tgt", tgt, self.d_model)
         _check_seq("memory", memory, self.d_model)
         if tgt.dim() != memory.dim() or (tgt.dim() == 3 and tgt.shape[0] != memory.shape[0]):
@@ -332,7 +342,7 @@ class TransformerEncoder(nn.Module):
         self.norm = norm
 
     def forward(self, src: torch.Tensor, mask: torch.Tensor | None = None, *, need_weights: bool = False,
-                caches=None):
+                caches: Sequence[KVCache] | None = None) -> Any:
         """``caches``: one :class:`attnbook.KVCache` per layer for incremental decoding."""
         if caches is not None and len(caches) != len(self.layers):
             raise ValueError(f"got {len(caches)} caches for {len(self.layers)} layers")
@@ -385,7 +395,7 @@ class TransformerDecoder(nn.Module):
         memory_mask: torch.Tensor | None = None,
         *,
         need_weights: bool = False,
-    ):
+    ) -> Any:
         x = tgt  # (B, T, E)
         self_weights, cross_weights = [], []
         for layer in self.layers:

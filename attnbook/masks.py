@@ -19,7 +19,10 @@ conventions you will meet, and the converters for them:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+from torch.types import Device
 
 from ._checks import check_int
 
@@ -38,7 +41,7 @@ __all__ = [
 ]
 
 
-def causal_mask(T: int, S: int | None = None, *, offset: int = 0, device=None) -> torch.Tensor:
+def causal_mask(T: int, S: int | None = None, *, offset: int = 0, device: Device = None) -> torch.Tensor:
     """Bool ``(T, S)``: query ``i`` may attend key ``j`` when ``j <= i + offset``.
 
     With the default ``offset=0`` this is True on and below the diagonal (the
@@ -50,7 +53,7 @@ def causal_mask(T: int, S: int | None = None, *, offset: int = 0, device=None) -
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=offset)
 
 
-def padding_mask(lengths, max_len: int | None = None, *, left: bool = False) -> torch.Tensor:
+def padding_mask(lengths: torch.Tensor | Sequence[int], max_len: int | None = None, *, left: bool = False) -> torch.Tensor:
     """Bool ``(B, 1, 1, S)``, True for the real (non-padding) keys.
 
     ``lengths`` holds the true length of each sequence in the batch; ``S`` is
@@ -76,7 +79,7 @@ def padding_mask(lengths, max_len: int | None = None, *, left: bool = False) -> 
     return real[:, None, None, :]  # (B, 1, 1, S)
 
 
-def sliding_window_mask(T: int, window: int, S: int | None = None, *, causal: bool = False, device=None) -> torch.Tensor:
+def sliding_window_mask(T: int, window: int, S: int | None = None, *, causal: bool = False, device: Device = None) -> torch.Tensor:
     """Bool ``(T, S)``: query ``i`` may attend key ``j`` when ``|i - j| <= window``
     (``0 <= i - j <= window`` when ``causal``)."""
     T = check_int("T", T)

@@ -24,9 +24,11 @@ are added to the scores, and a blocked key holds ``torch.finfo(dtype).min``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
+from torch.types import Device
 
 from ._checks import check_int, check_prob, shape_str
 
@@ -57,14 +59,14 @@ def _check_base(base: object) -> float:
 # ---------------------------------------------------------------------------
 
 
-def _inverse_frequencies(d_model: int, base: float, dtype: torch.dtype, device=None) -> torch.Tensor:
+def _inverse_frequencies(d_model: int, base: float, dtype: torch.dtype, device: Device = None) -> torch.Tensor:
     """1 / base^(2i / d_model) for the columns 2i = 0, 2, 4, ... < d_model."""
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=device)  # (ceil(E/2),)
     return torch.exp(-math.log(base) * two_i / d_model).to(dtype)
 
 
 def sinusoidal_encoding(
-    max_len: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None, device=None
+    max_len: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None, device: Device = None
 ) -> torch.Tensor:
     """The fixed table ``PE`` of shape ``(max_len, d_model)``::
 
@@ -88,7 +90,7 @@ def sinusoidal_encoding(
 
 
 def shift_matrix(
-    k: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None, device=None
+    k: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None, device: Device = None
 ) -> torch.Tensor:
     """The fixed ``(d_model, d_model)`` matrix ``M_k`` with, for every ``pos``,
 
@@ -316,7 +318,7 @@ class RelativePositionBias(nn.Module):
 # ---------------------------------------------------------------------------
 
 
-def apply_rotary(x: torch.Tensor, positions=None, *, base: float = 10000.0, interleaved: bool = False) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, positions: torch.Tensor | Sequence[float] | None = None, *, base: float = 10000.0, interleaved: bool = False) -> torch.Tensor:
     """Rotate pairs of features of ``x`` ``(..., T, D)`` by position-dependent angles.
 
     Pair ``i`` (``i = 0 .. D/2 - 1``) of the token at position ``m`` is rotated
@@ -380,7 +382,7 @@ def apply_rotary(x: torch.Tensor, positions=None, *, base: float = 10000.0, inte
     return out.to(x.dtype)
 
 
-def rotary_permutation(D: int, *, inverse: bool = False, device=None) -> torch.Tensor:
+def rotary_permutation(D: int, *, inverse: bool = False, device: Device = None) -> torch.Tensor:
     """Index permutation (int64, length D) between the two RoPE pairings.
 
     ``perm = [0, 2, 4, ..., D-2, 1, 3, ..., D-1]`` takes the interleaved layout to
@@ -409,7 +411,7 @@ def _slopes_power_of_two(n: int) -> list[float]:
     return [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
 
 
-def alibi_slopes(num_heads: int, *, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+def alibi_slopes(num_heads: int, *, dtype: torch.dtype = torch.float32, device: Device = None) -> torch.Tensor:
     """The per-head slopes ``(H,)`` of ALiBi.
 
     For ``H`` a power of two: ``2^(-8 i / H)`` for ``i = 1 .. H`` (8 heads:
@@ -433,7 +435,7 @@ def alibi_bias(
     *,
     causal: bool = True,
     dtype: torch.dtype = torch.float32,
-    device=None,
+    device: Device = None,
 ) -> torch.Tensor:
     """ALiBi's float bias ``(H, T, S)``: ``-slope_h * distance``, to pass as the
     float ``mask`` of :func:`attnbook.scaled_dot_product_attention` (it

@@ -18,9 +18,11 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.types import Device
 from tqdm.auto import tqdm
 
 from ._checks import check_int
@@ -91,6 +93,12 @@ def _check_task(task: object) -> None:
         raise TypeError(f"task must be an attnbook.tasks.Task (e.g. copy_task()), got {type(task).__name__}")
 
 
+def _toy(model: nn.Module) -> Any:
+    """``model`` for calling the methods a toy model adds (``loss``, ``generate``, ``source_attention``),
+    which ``nn.Module``'s type does not know; :func:`_check_model` has checked that they exist."""
+    return model
+
+
 def _model_device(model: nn.Module) -> torch.device:
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
@@ -107,7 +115,7 @@ def predict(model: nn.Module, task: Task, src: torch.Tensor) -> torch.Tensor:
     was_training = model.training
     model.eval()
     try:
-        out = model.generate(src.to(_model_device(model)), L)  # (B, <= L)
+        out = _toy(model).generate(src.to(_model_device(model)), L)  # (B, <= L)
     finally:
         model.train(was_training)
     if out.shape[1] < L:
@@ -159,7 +167,7 @@ def fit(
     warmup: int = 50,
     min_lr_factor: float = 0.1,
     clip_grad: float | None = 1.0,
-    device=None,
+    device: Device = None,
     seed: int = 0,
     eval_every: int | None = None,
     eval_n: int = 200,
@@ -215,7 +223,7 @@ def fit(
     for step in bar:
         model.train()
         src, tgt = task.batch(batch_size, generator=generator, device=device)
-        loss = model.loss(src, tgt)
+        loss = _toy(model).loss(src, tgt)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if clip_grad is not None:
@@ -260,15 +268,14 @@ def attention_alignment(model: nn.Module, task: Task, n: int = 256, seed: int = 
     model.eval()
     try:
         device = _model_device(model)
-        per_layer = model.source_attention(src.to(device), tgt.to(device))  # [(B, H, L, S)]
+        per_layer = _toy(model).source_attention(src.to(device), tgt.to(device))  # [(B, H, L, S)]
     finally:
         model.train(was_training)
-    scores = []
+    shares = []
     for w in per_layer:
         on_target = (w.cpu().float() * expected[:, None]).sum(-1)  # (B, H, L)
-        share = (on_target * rows[:, None]).sum(dim=(0, 2)) / rows.sum()  # (H,)
-        scores.append(share)
-    scores = torch.stack(scores)  # (num_layers, H)
+        shares.append((on_target * rows[:, None]).sum(dim=(0, 2)) / rows.sum())  # (H,)
+    scores = torch.stack(shares)  # (num_layers, H)
     best = int(scores.argmax())
     layer, head = divmod(best, scores.shape[1])
     return Alignment(scores, layer, head, float(scores[layer, head]))

@@ -191,6 +191,11 @@ class Control:
         if bad:
             raise ValueError(f"control {self.name!r}: static values {bad!r} are not among {self.values!r}")
 
+    @property
+    def static_values(self) -> list[Any]:
+        """The values the book's scrubber shows (``static``, which ``__post_init__`` made a list)."""
+        return list(self.values if self.static is None else self.static)
+
     def make_widget(self) -> Any:
         """The ipywidgets control: a SelectionSlider, ToggleButtons or a Dropdown."""
         import ipywidgets as W
@@ -330,6 +335,13 @@ class Explorer:
             self._refresh_widget()
         return self._widget
 
+    @property
+    def control_widgets(self) -> dict[str, Any]:
+        """The live widget's controls by name (the widget is built on first use): setting one's ``value``
+        is what moving it does."""
+        self.widget  # noqa: B018 (builds the controls)
+        return dict(self._controls_w)
+
     def _on_change(self, name: str) -> Callable[[dict], None]:
         def handler(change: dict) -> None:
             if self.values.get(name) != change["new"]:
@@ -352,7 +364,7 @@ class Explorer:
         saved = dict(self.values)
         self._refresh = False
         try:
-            for combo in itertools.product(*(c.static for c in self.controls)):
+            for combo in itertools.product(*(c.static_values for c in self.controls)):
                 self.update(**dict(zip([c.name for c in self.controls], combo)))
                 yield dict(self.values), figure_png(self.figure, self.frame_dpi), self.caption_text()
         finally:
@@ -366,27 +378,27 @@ class Explorer:
         tpl = _scrubber_templates()
         esc = html.escape
         frames = list(self.frames())
-        moving = [c for c in self.controls if len(c.static) > 1]
+        moving = [c for c in self.controls if len(c.static_values) > 1]
         strides, s = {}, 1
         for c in reversed(self.controls):
             strides[c.name] = s
-            s *= len(c.static)
+            s *= len(c.static_values)
         start = 0
         for c in self.controls:
-            value = self.values[c.name] if self.values[c.name] in c.static else c.static[0]
-            start += c.static.index(value) * strides[c.name]
+            value = self.values[c.name] if self.values[c.name] in c.static_values else c.static_values[0]
+            start += c.static_values.index(value) * strides[c.name]
         digest = hashlib.sha1(b"".join(png for _, png, _ in frames)).hexdigest()[:10]
         script = esc(tpl["script"].substitute())
         parts = [tpl["open"].substitute(digest=digest, title=esc(self.title))]
         for c in moving:
-            labels = [c.fmt(v) for v in c.static]
-            idx = c.static.index(self.values[c.name]) if self.values[c.name] in c.static else 0
+            labels = [c.fmt(v) for v in c.static_values]
+            idx = c.static_values.index(self.values[c.name]) if self.values[c.name] in c.static_values else 0
             parts.append(tpl["control"].substitute(
                 label=esc(str(c.label)), value=esc(labels[idx]), max=len(labels) - 1, index=idx,
                 name=esc(c.name), stride=strides[c.name], labels=esc(json.dumps(labels)), script=script))
-        fixed = [c for c in self.controls if len(c.static) == 1]
+        fixed = [c for c in self.controls if len(c.static_values) == 1]
         if fixed:
-            parts.append(tpl["fixed"].substitute(text=esc(", ".join(f"{c.label} = {c.fmt(c.static[0])}" for c in fixed))))
+            parts.append(tpl["fixed"].substitute(text=esc(", ".join(f"{c.label} = {c.fmt(c.static_values[0])}" for c in fixed))))
         for i, (_, png, cap) in enumerate(frames):
             parts.append(tpl["frame"].substitute(
                 i=i, hidden="" if i == start else ' style="display:none"', title=esc(self.title),
@@ -402,7 +414,7 @@ class Explorer:
             display(self.widget)
             return
         # the frames first: the widget does not exist yet, so no frame is encoded for it on the way
-        data = {"text/plain": repr(self), "text/html": self.static_html()}
+        data: dict[str, Any] = {"text/plain": repr(self), "text/html": self.static_html()}
         widget = self.widget
         bundle = widget._repr_mimebundle_() if hasattr(widget, "_repr_mimebundle_") else None
         if bundle and WIDGET_VIEW_MIME in bundle:  # ipywidgets 8

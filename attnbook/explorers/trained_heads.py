@@ -81,7 +81,9 @@ class TaskAttention:
     @property
     def prediction(self) -> str:
         """What the model wrote, as text (up to its EOS)."""
-        return self.task.decode(self.output[0])
+        text = self.task.decode(self.output[0])  # (L,) -> one string
+        assert isinstance(text, str)
+        return text
 
     @property
     def correct(self) -> bool:
@@ -153,7 +155,7 @@ def _build_figure(H: int, T: int, K: int, ncols: int) -> tuple[Figure, dict[str,
     width = max(cols * cell + left + right, 4.5)
     height = rows * cell + bottom + top
     fig = Figure(figsize=(width, height), dpi=72)
-    ax = fig.add_axes([left / width, bottom / height, cols * cell / width, rows * cell / height])
+    ax = fig.add_axes((left / width, bottom / height, cols * cell / width, rows * cell / height))
     image = ax.imshow(heads_mosaic(torch.zeros(H, T, K), ncols).numpy(), cmap="viridis", vmin=0, vmax=1,
                       interpolation="nearest", aspect="auto")
     ax.set_xlim(-0.5, cols - 0.5)

@@ -94,7 +94,7 @@ def _bundled_dirs() -> list[Path]:
             continue
         for f in dist.files or []:
             if f.name == "model.safetensors":
-                found.append(Path(dist.locate_file(f)).parent)
+                found.append(Path(str(dist.locate_file(f))).parent)
     return found
 
 

@@ -22,10 +22,11 @@ Dimension legend:
 from __future__ import annotations
 
 import json
+import os
 import string
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -93,7 +94,7 @@ class MiniLM(nn.Module):
         return self.config["num_attention_heads"]
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None):
+                token_type_ids: torch.Tensor | None = None) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"input_ids must be an integer tensor (B, T), got {getattr(input_ids, 'dtype', input_ids)}")
         if input_ids.dim() != 2:
@@ -165,7 +166,7 @@ class MiniLM(nn.Module):
         return self
 
 
-def _load_tokenizer(path: Path, max_length: int):
+def _load_tokenizer(path: Path, max_length: int) -> Any:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(path))
@@ -175,7 +176,7 @@ def _load_tokenizer(path: Path, max_length: int):
     return tok
 
 
-def load_minilm(source=None):
+def load_minilm(source: str | os.PathLike[str] | None = None) -> tuple[MiniLM, Any]:
     """Load all-MiniLM-L6-v2 into a :class:`MiniLM`; returns ``(model, tokenizer)``, the model in eval mode
     on the CPU, the tokenizer a ``tokenizers.Tokenizer`` that pads a batch to its longest sentence.
 
@@ -200,7 +201,7 @@ class Encoded(NamedTuple):
     tokens: list[list[str]]  # B lists of T token strings ("[PAD]" where padded)
 
 
-def tokenize(tokenizer, sentences: str | Sequence[str]) -> Encoded:
+def tokenize(tokenizer: Any, sentences: str | Sequence[str]) -> Encoded:
     """Tokenize one sentence or a batch, padded to the longest: ``(input_ids, attention_mask, tokens)``."""
     if isinstance(sentences, str):
         sentences = [sentences]

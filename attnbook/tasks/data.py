@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from torch.types import Device
 
 from .._checks import check_int, shape_str
 
@@ -102,13 +103,17 @@ class Vocab:
             ids.append(self._id[c])
         return torch.tensor(ids, dtype=torch.long)
 
-    def decode(self, ids, *, skip_special: bool = True, stop_at_eos: bool = True) -> str | list[str]:
+    def decode(self, ids: torch.Tensor | Sequence[int], *, skip_special: bool = True,
+               stop_at_eos: bool = True) -> str | list[str]:
         """LongTensor ``(L,)`` -> str, or ``(B, L)`` -> list of B strings."""
         ids = torch.as_tensor(ids)
         if ids.dim() == 2:
-            return [self.decode(row, skip_special=skip_special, stop_at_eos=stop_at_eos) for row in ids]
+            return [self._decode_row(row, skip_special, stop_at_eos) for row in ids]
         if ids.dim() != 1:
             raise ValueError(f"ids must be (L,) or (B, L), got {shape_str(ids)}")
+        return self._decode_row(ids, skip_special, stop_at_eos)
+
+    def _decode_row(self, ids: torch.Tensor, skip_special: bool, stop_at_eos: bool) -> str:
         out = []
         for i in ids.tolist():
             if not 0 <= i < len(self.tokens):
@@ -181,7 +186,7 @@ class Task:
         *,
         split: str = "train",
         generator: torch.Generator | None = None,
-        device=None,
+        device: Device = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A random batch ``(src (B, S), tgt (B, L))``.
 
@@ -197,7 +202,8 @@ class Task:
             if seed is None:
                 raise ValueError("give a seed or a generator")
             generator = torch.Generator().manual_seed(seed)
-        chunks, have = [], 0
+        chunks: list[torch.Tensor] = []
+        have = 0
         while have < batch_size:
             want = batch_size - have
             draw = want if split == "all" else (want * _TEST_SHARE * 2 if split == "test" else want + want // 4 + 8)
@@ -232,7 +238,7 @@ class Task:
         self.check_src(src)
         return src
 
-    def decode(self, ids) -> str | list[str]:
+    def decode(self, ids: torch.Tensor | Sequence[int]) -> str | list[str]:
         """Token ids ``(L,)`` or ``(B, L)`` -> text (stops at EOS, hides special tokens)."""
         return self.vocab.decode(ids)
 
@@ -249,7 +255,9 @@ def _check_sizes(length: int, num_symbols: int) -> None:
     check_int("num_symbols", num_symbols, 2, len(_SYMBOLS))
 
 
-def _symbol_task(name, description, length, num_symbols, solve, align) -> Task:
+def _symbol_task(name: str, description: str, length: int, num_symbols: int,
+                 solve: Callable[[torch.Tensor], torch.Tensor],
+                 align: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Task:
     _check_sizes(length, num_symbols)
     vocab = Vocab(_SYMBOLS[:num_symbols])
     first = len(Vocab.specials)
@@ -263,7 +271,7 @@ def _symbol_task(name, description, length, num_symbols, solve, align) -> Task:
 def copy_task(length: int = 8, num_symbols: int = 10) -> Task:
     """Repeat the source: ``31415926 -> 31415926``. Expected attention: the diagonal."""
 
-    def align(src, answer):
+    def align(src: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
         eye = torch.eye(length, dtype=torch.bool)  # (L, S)
         return eye.expand(src.shape[0], length, length)  # (B, L, S)
 
@@ -273,7 +281,7 @@ def copy_task(length: int = 8, num_symbols: int = 10) -> Task:
 def reverse_task(length: int = 8, num_symbols: int = 10) -> Task:
     """Reverse the source: ``31415926 -> 62951413``. Expected attention: the anti-diagonal."""
 
-    def align(src, answer):
+    def align(src: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
         anti = torch.eye(length, dtype=torch.bool).flip(-1)  # (L, S)
         return anti.expand(src.shape[0], length, length)  # (B, L, S)
 
@@ -284,7 +292,7 @@ def sort_task(length: int = 8, num_symbols: int = 10) -> Task:
     """Sort the source ascending: ``31415926 -> 11234569``. Expected attention:
     the source positions that hold the symbol being written."""
 
-    def align(src, answer):
+    def align(src: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
         return answer[:, :, None] == src[:, None, :]  # (B, L, S)
 
     return _symbol_task("sort", "sort the source ascending", length, num_symbols, lambda s: s.sort(-1).values, align)
@@ -299,8 +307,8 @@ def addition_task(num_digits: int = 3, *, reverse_answer: bool = True) -> Task:
     check_int("num_digits", num_digits, 1, 9)
     n = num_digits
     vocab = Vocab("0123456789+")
-    zero = vocab.encode("0").item()
-    plus = vocab.encode("+").item()
+    zero = int(vocab.encode("0").item())
+    plus = int(vocab.encode("+").item())
     powers = 10 ** torch.arange(n - 1, -1, -1)  # (n,) most significant first
 
     def sample(count: int, g: torch.Generator) -> torch.Tensor:
@@ -308,7 +316,7 @@ def addition_task(num_digits: int = 3, *, reverse_answer: bool = True) -> Task:
         b = torch.randint(zero, zero + 10, (count, n), generator=g)
         return torch.cat([a, torch.full((count, 1), plus), b], dim=1)  # (count, 2n+1)
 
-    def solve(src):
+    def solve(src: torch.Tensor) -> torch.Tensor:
         if not bool((src[:, n] == plus).all()) or bool((src[:, :n] == plus).any() | (src[:, n + 1 :] == plus).any()):
             raise ValueError(f"addition sources must read 'a+b' with {n} digits on each side")
         a = ((src[:, :n] - zero) * powers).sum(-1)
@@ -318,7 +326,7 @@ def addition_task(num_digits: int = 3, *, reverse_answer: bool = True) -> Task:
         digits = (total[:, None] // places) % 10 + zero  # (B, n+1) least significant first
         return digits if reverse_answer else digits.flip(-1)
 
-    def align(src, answer):
+    def align(src: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
         B = src.shape[0]
         out = torch.zeros(B, n + 1, 2 * n + 1, dtype=torch.bool)  # (B, L-1, S)
         for k in range(n):  # place k (units = 0)

@@ -26,6 +26,8 @@ source, used by :func:`attnbook.train.attention_alignment`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -129,18 +131,19 @@ class Seq2SeqTransformer(nn.Module):
         self.decoder = TransformerDecoder(dec, num_decoder_layers, nn.LayerNorm(d_model) if norm_first else None)
         self.head = nn.Linear(d_model, V)  # E -> V
 
-    def _src_mask(self, src):
+    def _src_mask(self, src: torch.Tensor) -> torch.Tensor | None:
         real = src != self.vocab.pad_id  # (B, S)
         if bool(real.all()):
             return None  # no padding: no mask, and the fused attention kernel
         return real[:, None, None, :]  # (B, 1, 1, S)
 
-    def encode(self, src: torch.Tensor, *, need_weights: bool = False):
+    def encode(self, src: torch.Tensor, *, need_weights: bool = False) -> Any:
         """Encoder output ``memory (B, S, E)`` (and its per-layer weights)."""
         _check_ids("src", src, len(self.vocab))
         return self.encoder(self.src_embed(src), self._src_mask(src), need_weights=need_weights)
 
-    def decode(self, tgt_in, memory, src, *, need_weights: bool = False):
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src: torch.Tensor, *,
+               need_weights: bool = False) -> Any:
         """Decoder output, projected to logits ``(B, T, V)`` (and the weights)."""
         _check_ids("tgt_in", tgt_in, len(self.vocab))
         T = tgt_in.shape[1]
@@ -152,14 +155,14 @@ class Seq2SeqTransformer(nn.Module):
             return self.head(y), w_self, w_cross  # (B, T, V)
         return self.head(out)  # (B, T, V)
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, *, return_attention: bool = False):
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, *, return_attention: bool = False) -> Any:
         if not return_attention:
             return self.decode(tgt_in, self.encode(src), src)  # (B, T, V)
         memory, w_enc = self.encode(src, need_weights=True)
         logits, w_self, w_cross = self.decode(tgt_in, memory, src, need_weights=True)
         return logits, {"encoder": w_enc, "decoder_self": w_self, "decoder_cross": w_cross}
 
-    def _teacher_input(self, tgt):
+    def _teacher_input(self, tgt: torch.Tensor) -> torch.Tensor:
         bos = torch.full_like(tgt[:, :1], self.vocab.bos_id)
         return torch.cat([bos, tgt[:, :-1]], dim=1)  # (B, L): BOS, then the target shifted right
 
@@ -232,7 +235,8 @@ class DecoderOnlyTransformer(nn.Module):
         self.blocks = TransformerEncoder(layer, num_layers, nn.LayerNorm(d_model) if norm_first else None)
         self.head = nn.Linear(d_model, V)  # E -> V
 
-    def forward(self, ids: torch.Tensor, *, return_attention: bool = False, caches=None):
+    def forward(self, ids: torch.Tensor, *, return_attention: bool = False,
+                caches: list[KVCache] | None = None) -> Any:
         """With ``caches`` (one :class:`attnbook.KVCache` per layer, see
         :meth:`new_caches`), ``ids`` are only the new tokens: they sit after the
         cached ones and attend to them and causally to each other."""
@@ -259,7 +263,7 @@ class DecoderOnlyTransformer(nn.Module):
         """One empty :class:`attnbook.KVCache` per layer."""
         return [KVCache() for _ in self.blocks.layers]
 
-    def _sequence(self, src, tgt):
+    def _sequence(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         _check_ids("src", src, len(self.vocab))
         _check_ids("tgt", tgt, len(self.vocab))
         sep = torch.full_like(src[:, :1], self.vocab.sep_id)
@@ -283,7 +287,7 @@ class DecoderOnlyTransformer(nn.Module):
 
     @torch.no_grad()
     def generate(self, src: torch.Tensor, max_new_tokens: int | None = None, *, use_cache: bool = False,
-                 return_logits: bool = False):
+                 return_logits: bool = False) -> Any:
         """Greedy continuation of ``src <sep>``: ``(B, <= max_new_tokens)`` ids,
         PAD after each row's EOS; stops once every row has an EOS.
 
