@@ -512,3 +512,36 @@ def test_flash_errors():
         flash_attention(q, rand(1, 1, 8, 5), v)
     with pytest.raises(TypeError, match="share one dtype"):
         flash_attention(q, k.float(), v)
+
+
+# ----------------------------------------------------------------------------- the registry
+
+
+def test_registry_says_what_each_variant_is():
+    from attnbook.efficient import REGISTRY, attention_call, make_inputs, variant
+
+    T, W = 96, 16
+    q, k, v = make_inputs(T, D=8, dtype=torch.float64)
+    patterns = {"sliding window": sliding_window_mask(T, W), "block sparse": bigbird_pattern(T, W)}
+    assert list(REGISTRY)[:2] == ["exact", "pytorch"]  # the references first
+    for name, var in REGISTRY.items():
+        assert var.name == name and variant(name) is var
+        out = attention_call(name, q, k, v, W)()
+        assert out.shape == (1, 2, T, 8)
+        exact, _ = scaled_dot_product_attention(q, k, v, patterns.get(name))  # (B, H, T, D) under its pattern
+        if var.exact:
+            torch.testing.assert_close(out, exact)
+        else:
+            assert (out - exact).abs().max() > 1e-3, f"{name} is marked approximate but equals exact attention"
+        assert (var.window is None) == (name in ("exact", "pytorch", "linear", "performer"))
+        assert var.scores_pairs == (name not in ("linear", "performer"))
+        if var.causal:
+            out = attention_call(name, q, k, v, W, causal=True)()
+            if var.exact:
+                mask = causal_mask(T) if name not in patterns else sliding_window_mask(T, W, causal=True)
+                torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, mask)[0])
+        else:
+            with pytest.raises(ValueError, match="no causal form"):
+                attention_call(name, q, k, v, W, causal=True)
+    with pytest.raises(ValueError, match=r"variant must be one of \('exact', 'pytorch'"):
+        variant("dense")

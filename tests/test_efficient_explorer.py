@@ -8,13 +8,10 @@ Dimension legend: B batch, H heads, T sequence length, D head dim.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
 
-from attnbook import measure
 from attnbook.efficient import (
     attention_call,
     bigbird_pattern,
@@ -124,41 +121,6 @@ def test_every_variant_runs_and_the_exact_ones_agree():
             torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_tracker_counts_allocations_not_views_and_frees():
-    x = torch.zeros(1000)
-    with torch.no_grad(), measure.TensorMemoryTracker() as m:
-        y = x.view(10, 100).transpose(0, 1)  # views of an input: nothing allocated
-        assert m.current == 0
-        z = torch.ones(2000)  # 8000 bytes
-        w = z * 2  # 8000 more
-        assert m.current == 16000
-        del w
-        assert m.current == 8000
-        z.mul_(3)  # in place: nothing new
-        assert m.current == 8000
-    assert m.peak == 16000 and m.largest == 8000
-    assert "aten::mul" in m.ops
-    del y, z
-
-
-def test_tracked_memory_is_deterministic_and_sees_the_table():
-    T = 1024
-    q, k, v = make_inputs(T)
-    exact = [measure.tracked_memory(attention_call("exact", q, k, v))["peak_bytes"] for _ in range(2)]
-    assert exact[0] == exact[1]
-    assert exact[0] >= 2 * T * T * 4  # at least one (B=1, H=2, T, T) float32 table
-    for name in ("sliding window", "flash", "linear", "performer", "pytorch"):
-        peak = measure.tracked_memory(attention_call(name, q, k, v, 32))["peak_bytes"]
-        assert 0 < peak < exact[0] / 4, name
-
-
-def test_time_calls_returns_positive_seconds():
-    t = measure.time_calls({"a": lambda: torch.ones(100).sum(), "b": lambda: None}, rounds=2)
-    assert set(t) == {"a", "b"} and all(x >= 0 for x in t.values()) and t["a"] > 0
-    with pytest.raises(ValueError, match="rounds"):
-        measure.time_calls({"a": lambda: None}, rounds=0)
-
-
 def test_measure_costs_keys_and_values():
     costs = ee.measure_costs(["exact", "sliding window", "linear"], [64, 128], 8, rounds=1)
     assert set(costs) == {("exact", 64, None), ("exact", 128, None), ("sliding window", 64, 8),
@@ -166,20 +128,6 @@ def test_measure_costs_keys_and_values():
     for c in costs.values():
         assert c["time_s"] > 0 and c["peak_bytes"] > 0 and 0 < c["largest_bytes"] <= c["peak_bytes"]
     assert costs["exact", 128, None]["peak_bytes"] > costs["exact", 64, None]["peak_bytes"]
-
-
-def test_crossover():
-    Ts = [256, 512, 1024, 2048]
-    assert measure.crossover(Ts, [1, 1, 1, 1], [2, 2, 2, 2]) == 256.0  # cheaper from the start
-    assert measure.crossover(Ts, [3, 3, 3, 3], [1, 1, 1, 1]) is None  # never
-    assert measure.crossover(Ts, [1, 3, 1, 3], [2, 2, 2, 2]) is None  # not cheaper at the end
-    # ratio 2 at 512 and 1/2 at 1024: the log-ratio crosses 0 half way, at sqrt(512 * 1024)
-    x = measure.crossover(Ts, [4, 4, 1, 1], [1, 2, 2, 4])
-    assert math.isclose(x, math.sqrt(512 * 1024))
-    # cheaper at 256, dearer at 512, cheaper after: the last crossing counts
-    assert 512 < measure.crossover(Ts, [1, 3, 1, 1], [2, 2, 2, 2]) < 1024
-    with pytest.raises(ValueError, match="same nonzero length"):
-        measure.crossover(Ts, [1], [1])
 
 
 def test_explorer_sliding_window_data_and_figure(explorer):

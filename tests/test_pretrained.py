@@ -154,6 +154,7 @@ def test_bundled_wheel_is_found_from_its_file_list(files_dir):
 
 
 # --------------------------------------------------------------------- structure and tokenizer
+@pytest.mark.slow
 def test_built_from_attnbook_modules(minilm):
     model, _ = minilm
     assert model.num_layers == 6 and model.num_heads == 12 and not model.training
@@ -166,6 +167,7 @@ def test_built_from_attnbook_modules(minilm):
     assert n == 22_565_376  # BertModel's 22,713,216 less the pooler (384 * 384 + 384)
 
 
+@pytest.mark.slow
 def test_tokenizer_pads_to_the_longest_not_to_128(minilm):
     _, tok = minilm
     assert len(tok.encode("Hello world").ids) == 4  # [CLS] hello world [SEP]
@@ -206,6 +208,7 @@ def _compare(model, reference, enc, atol=1e-5):
     torch.testing.assert_close(hidden[-1][real], out.last_hidden_state[real], atol=atol, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sentence", SENTENCES)
 def test_single_sentences_match_bert(minilm, reference, sentence):
     model, tok = minilm
@@ -214,6 +217,7 @@ def test_single_sentences_match_bert(minilm, reference, sentence):
     _compare(model, reference, enc)
 
 
+@pytest.mark.slow
 def test_padded_batch_matches_bert(minilm, reference):
     model, tok = minilm
     enc = P.tokenize(tok, SENTENCES)
@@ -229,6 +233,7 @@ def test_padded_batch_matches_bert(minilm, reference):
     torch.testing.assert_close(a_batch[3][2, :, :n, :n], a_alone[3][0], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_refused(minilm):
     model, _ = minilm
     with pytest.raises(TypeError, match="integer tensor"):
@@ -262,6 +267,7 @@ def test_head_stats_on_known_patterns():
         P.head_stats([prev], tokens * 2, mask)
 
 
+@pytest.mark.slow
 def test_head_explorer_shows_the_models_own_weights(minilm):
     model, tok = minilm
     ex = minilm_explorer(model, tok, text="My own sentence, typed in.", static_layers=[1, 2],
@@ -285,6 +291,7 @@ def test_head_explorer_shows_the_models_own_weights(minilm):
         minilm_explorer(model, tok, sentences=[""])
 
 
+@pytest.mark.slow
 def test_loading_needs_no_transformers(files_dir, tmp_path):
     import subprocess
 

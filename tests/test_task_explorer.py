@@ -157,6 +157,7 @@ def test_bad_arguments_are_named(models):
         trained_heads_explorer({"copy": models["copy"][0]}, {"copy": ["0123"]})
 
 
+@pytest.mark.slow
 def test_a_briefly_trained_copier_shows_the_diagonal():
     task = copy_task(length=5, num_symbols=5)
     torch.manual_seed(0)

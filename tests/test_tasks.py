@@ -323,6 +323,7 @@ def test_untrained_model_is_mostly_wrong():
     assert evaluate(_tiny_s2s(task), task, n=100) < 0.1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make_model", [_tiny_s2s, _tiny_dec], ids=["seq2seq", "decoder-only"])
 def test_short_fit_reduces_loss(make_model):
     task = copy_task(5)
@@ -338,6 +339,7 @@ def test_short_fit_reduces_loss(make_model):
     assert 0.0 <= al.score <= 1.0
 
 
+@pytest.mark.slow
 def test_fit_default_device_and_stop_at():
     task = copy_task(4)
     model = _tiny_s2s(task)

@@ -157,3 +157,15 @@ def test_device_control_offers_what_is_present():
     for dev in devices:
         d = ex.update(device=dev, d_k=64, scaled=True)
         assert d["device"] == dev and math.isfinite(d["entropy"])
+
+
+def test_head_explorer_leaves_the_global_random_numbers_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(5)
+    torch.manual_seed(123)
+    ex = heads.heads_explorer(seed=7)
+    ex.update(num_heads=8)
+    ex.static_html()
+    assert torch.equal(torch.rand(5), expected)  # as if the explorer had never run
+    a, b = heads.heads_explorer(seed=7), heads.heads_explorer(seed=7)
+    torch.testing.assert_close(a.update(num_heads=2)["weights"], b.update(num_heads=2)["weights"])  # seeded
