@@ -202,6 +202,11 @@ class LearnedPositionalEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, max_len={self.max_len}"
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The table ``P``, ``(max_len, E)``: ``embedding.weight``, as an ``nn.Embedding`` names it."""
+        return self.embedding.weight
+
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         T = _check_embeddings(x, self.d_model, self.max_len, offset)
         positions = torch.arange(offset, offset + T, device=x.device)  # (T,)

@@ -1,22 +1,14 @@
-"""The course's explorers: one module per family, each with one factory named ``<family>_explorer``.
+"""The course's interactive explorers: one module per family, each with one factory named ``<family>_explorer``.
 
-=====================  ===========================  ==================================================
-module                 factory                      what the reader moves, and sees
-=====================  ===========================  ==================================================
-``saturation``         ``saturation_explorer()``    d_k, scaling on/off: softmax saturation (ch. 2)
-``heads``              ``heads_explorer()``         number of heads: per-head maps (ch. 3)
-``masks``              ``masks_explorer()``         mask kind, window, padding: the mask and its weights
-                                                    (ch. 4)
-``positions``          ``positions_explorer()``     encoding, d_model, offset: position similarities
-                                                    (ch. 5)
-``trained_heads``      ``trained_heads_explorer()`` task, input, block, layer: a trained toy model's
-                                                    heads (ch. 7)
-``efficient``          ``efficient_explorer()``     variant, T, window: pairs scored, time, memory (ch. 8)
-``gqa``                ``gqa_explorer()``           query and key/value heads, context: KV cache and
-                                                    decoding time (ch. 9)
-``minilm``             ``minilm_explorer()``        layer, head, sentence: all-MiniLM-L6-v2's heads
-                                                    (ch. 10)
-=====================  ===========================  ==================================================
+* ``saturation.saturation_explorer()``: d_k and scaling -> softmax saturation (chapter 2);
+* ``heads.heads_explorer()``: the number of heads -> every head's map (chapter 3);
+* ``masks.masks_explorer()``: mask kind, window, padding -> the mask and the weights it leaves (chapter 4);
+* ``positions.positions_explorer()``: encoding, d_model, offset -> how positions relate (chapter 5);
+* ``trained_heads.trained_heads_explorer(models, examples)``: task, input, block, layer -> a trained toy
+  model's heads (chapter 7);
+* ``efficient.efficient_explorer()``: variant, T, window -> pairs scored, time, memory (chapter 8);
+* ``gqa.gqa_explorer()``: query and key/value heads, context -> KV cache and decoding time (chapter 9);
+* ``minilm.minilm_explorer(model, tokenizer)``: layer, head, sentence -> all-MiniLM-L6-v2's heads (chapter 10).
 
 Each factory returns an :class:`attnbook.explorers.base.Explorer`: display it (or leave it as a cell's
 last expression) to get the live widget in Jupyter/Colab and the pre-rendered scrubber in the static

@@ -1,5 +1,7 @@
-"""The machinery behind every explorer: live ipywidgets controls in Jupyter and
-Colab, and a self-contained HTML scrubber for the static book.
+"""The machinery behind every explorer: live ipywidgets controls in Jupyter and Colab, and a static scrubber.
+
+The scrubber is self-contained HTML for the static book, one pre-rendered frame
+per combination of the controls' static values.
 
 An explorer is a ``compute`` function (control values -> a dict of numbers and
 tensors, cheap and testable) and a picture of that dict. :class:`Explorer`

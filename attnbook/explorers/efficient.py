@@ -1,6 +1,7 @@
-"""Chapter 8's explorer: which (query, key) pairs each efficient attention
-variant scores, how long it takes and how much memory it holds, against exact
-attention and PyTorch's fused kernel, as the sequence grows.
+"""Chapter 8's explorer: what each efficient attention variant scores and costs as the sequence grows.
+
+Which (query, key) pairs each variant scores, how long it takes and how much
+memory it holds, against exact attention and PyTorch's fused kernel.
 
 The variants are :data:`attnbook.efficient.REGISTRY`'s, run by
 :func:`attnbook.efficient.attention_call` on :func:`attnbook.efficient.make_inputs`;

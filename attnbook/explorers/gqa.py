@@ -1,6 +1,8 @@
-"""Chapter 9's explorer: how many key/value heads a model keeps (multi-head,
-grouped-query, multi-query attention), what that does to the KV cache's memory
-(counted) and to the time of one decoding step's attention (measured).
+"""Chapter 9's explorer: what fewer key/value heads (GQA, MQA) save in KV cache memory and decoding time.
+
+How many key/value heads a model keeps (multi-head, grouped-query, multi-query
+attention), what that does to the KV cache's memory (counted) and to the time
+of one decoding step's attention (measured).
 
 Dimension legend:
     B    batch size (1 here)

@@ -4,8 +4,8 @@ Move d_k, the sequence length, scaling on/off and the device, and see the
 logits' spread, one query's weights, and entropy, largest weight and softmax
 Jacobian norm against d_k, for unit-variance random queries and keys.
 
-Dimension legend: B random queries (a batch), T keys per query (the sequence
-length), D head dim (d_k).
+Dimension legend: B random queries (a batch), T sequence length (each query
+sees T keys: S = T), D head dim (d_k).
 """
 
 from __future__ import annotations

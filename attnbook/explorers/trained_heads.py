@@ -1,7 +1,8 @@
-"""Chapter 7's explorer: pick a toy task, one of a few prepared inputs, an
-attention block and a layer, and see every head's map of a trained
-:class:`attnbook.tasks.Seq2SeqTransformer` on that input, with what the model
-writes.
+"""Chapter 7's explorer: every head of a trained toy seq2seq model, on an input you pick.
+
+Pick a toy task, one of a few prepared inputs, an attention block and a layer,
+and see every head's map of a trained :class:`attnbook.tasks.Seq2SeqTransformer`
+on that input, with what the model writes.
 
 Dimension legend:
     H  number of heads

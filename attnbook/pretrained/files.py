@@ -1,5 +1,6 @@
-"""Finding and verifying the all-MiniLM-L6-v2 files (``config.json``, ``model.safetensors``,
-``tokenizer.json``); nothing here reads a weight.
+"""Finding and verifying the all-MiniLM-L6-v2 files; nothing here reads a weight.
+
+The files are ``config.json``, ``model.safetensors`` and ``tokenizer.json``.
 
 Where the three files come from, in order:
 
