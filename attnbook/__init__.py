@@ -1,15 +1,57 @@
 """attnbook: the package behind the interactive course on multi-head attention.
 
-Dimension legend: B batch, H heads, T query length, S key length, D head dim,
-E model dim. Bool masks are True where a query may attend a key.
+Bool masks are True where a query may attend a key (as in PyTorch's
+``F.scaled_dot_product_attention``); float masks are added to the scores.
 
-Submodules: ``core`` (scaled dot-product attention), ``masks``, ``mha``
-(multi-head attention), ``positional``, ``widgets`` and ``explorer`` (the
-explorers), ``plotting``, ``exercises``.
+Submodules, one concept each:
+
+* attention: ``core`` (scaled dot-product attention), ``masks`` (masks and
+  conversions between conventions), ``mha`` (multi-head, grouped-query and
+  multi-query attention), ``kvcache`` (the KV cache and its size),
+  ``positional`` (sinusoidal, learned, T5 relative, RoPE, ALiBi), ``layers``
+  (Transformer encoder/decoder layers equal to PyTorch's), ``efficient``
+  (sliding window, block sparse, linear, Performer, LSH, flash, and the
+  registry of variants);
+* models: ``tasks`` (``tasks.data``: toy tasks; ``tasks.models``: the two toy
+  transformers), ``train`` (fit, evaluate, attention alignment),
+  ``pretrained`` (``pretrained.files``: finding and verifying
+  all-MiniLM-L6-v2's files; ``pretrained.model``: the model rebuilt from
+  attnbook's modules);
+* around them: ``measure`` (timing, memory, cost curves, kernel dispatch,
+  where a number was measured), ``plotting`` (heatmaps, head grids and
+  mosaics, log-scale bars), ``exercises`` (self-checking exercises),
+  ``explorers`` (the interactive explorers: ``explorers.base``, the machinery,
+  and one module per family, each with a ``<family>_explorer()`` factory:
+  ``saturation``, ``heads``, ``masks``, ``positions``, ``trained_heads``,
+  ``efficient``, ``gqa``, ``minilm``);
+* old names kept for the chapters: ``widgets``, ``explorer``,
+  ``efficient_explorer``, ``gqa_explorer``, ``task_explorer`` (re-exports of
+  ``explorers``);
+* private: ``_checks`` (argument checks: TypeError for a wrong type,
+  ValueError for a wrong value), ``_compat`` (torch-version flags, the device
+  list).
+
+Dimension legend, one meaning per letter in every module:
+
+    B    batch size
+    H    number of (query) heads;  Hkv  key/value heads;  G  query heads per key/value head (H / Hkv)
+    T    query length (target);    S    key/value length (source)
+    L    target length of a toy task, EOS included
+    K    key length of the attention block the trained-heads explorer shows (S or L)
+    D    head dimension (d_k);     Dv   value head dimension
+    E    model dimension (d_model); F   feed-forward width;  V  vocabulary size
+    N    number of layers
+    W    window half-width, or an efficient variant's locality size (block, chunk, tile)
+    Sb   keys one query block of sliding-window attention looks at
+    m    random features (Performer);  Df  width of a feature map's output;  R  hash rounds (Reformer)
+    P    side of a downsampled picture of the (T, S) pairs
 """
 
+from typing import Any
+
 from . import masks
-from .core import default_device, scaled_dot_product_attention
+from ._compat import default_device
+from .core import scaled_dot_product_attention
 from .kvcache import KVCache, kv_cache_bytes_per_token
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .mha import MultiHeadAttention, merge_heads, split_heads
@@ -54,12 +96,12 @@ __all__ = [
 
 # Submodules with heavier imports (matplotlib, ipywidgets, tokenizers) load on first use:
 # `attnbook.widgets.saturation_explorer()` works after a plain `import attnbook`.
-_LAZY = {"widgets", "explorer", "plotting", "exercises", "measure", "efficient", "efficient_explorer", "task_explorer",
-         "gqa_explorer", "layers", "tasks",
-         "train", "pretrained", "positional", "kvcache"}
+_LAZY = {"core", "mha", "positional", "kvcache", "layers", "efficient", "tasks", "train", "pretrained", "measure",
+         "plotting", "exercises", "explorers", "widgets", "explorer", "efficient_explorer", "gqa_explorer",
+         "task_explorer"}
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 

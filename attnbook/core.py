@@ -24,21 +24,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ["scaled_dot_product_attention", "default_device", "check_mask"]
+from ._checks import check_prob, shape_str
+from ._compat import default_device
 
-
-def default_device() -> torch.device:
-    """The best device here: CUDA, else Apple's MPS, else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
-def _shape(t: torch.Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+__all__ = ["scaled_dot_product_attention", "default_device", "check_mask", "check_qkv"]
 
 
 def check_mask(mask: torch.Tensor, scores_shape: torch.Size) -> None:
@@ -58,36 +47,39 @@ def check_mask(mask: torch.Tensor, scores_shape: torch.Size) -> None:
     if shape != scores_shape:
         target = "(" + ", ".join(str(s) for s in scores_shape) + ")"
         raise ValueError(
-            f"mask of shape {_shape(mask)} does not broadcast to the scores' shape "
+            f"mask of shape {shape_str(mask)} does not broadcast to the scores' shape "
             f"{target} = (..., T, S)"
         )
 
 
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Size:
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Size:
+    """Raise a clear error unless q ``(..., T, D)``, k ``(..., S, D)`` and v ``(..., S, Dv)`` are
+    floating-point tensors of one dtype whose leading dims broadcast; return the scores' shape
+    ``(..., T, S)``."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dims (..., length, dim), got shape {_shape(t)}")
+            raise ValueError(f"{name} must have at least 2 dims (..., length, dim), got shape {shape_str(t)}")
         if not t.dtype.is_floating_point:
             raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
-            f"q and k must have the same head dim D: q is {_shape(q)} (D={q.shape[-1]}), "
-            f"k is {_shape(k)} (D={k.shape[-1]})"
+            f"q and k must have the same head dim D: q is {shape_str(q)} (D={q.shape[-1]}), "
+            f"k is {shape_str(k)} (D={k.shape[-1]})"
         )
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(
-            f"k and v must have the same length S: k is {_shape(k)} (S={k.shape[-2]}), "
-            f"v is {_shape(v)} (S={v.shape[-2]})"
+            f"k and v must have the same length S: k is {shape_str(k)} (S={k.shape[-2]}), "
+            f"v is {shape_str(v)} (S={v.shape[-2]})"
         )
     try:
         batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     except RuntimeError:
         raise ValueError(
-            f"the leading (batch/head) dims of q {_shape(q)}, k {_shape(k)} and v {_shape(v)} "
+            f"the leading (batch/head) dims of q {shape_str(q)}, k {shape_str(k)} and v {shape_str(v)} "
             f"do not broadcast"
         ) from None
     return torch.Size((*batch, q.shape[-2], k.shape[-2]))
@@ -120,9 +112,8 @@ def scaled_dot_product_attention(
         Rows of ``weights`` sum to 1, except rows whose keys are all masked,
         which are all zeros (and so is their output).
     """
-    scores_shape = _check_qkv(q, k, v)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    scores_shape = check_qkv(q, k, v)
+    check_prob("dropout_p", dropout_p)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     elif not scale > 0:

@@ -7,9 +7,9 @@ Dimension legend:
     S  key/value length (source)
     D  head dimension (queries and keys), Dv value head dimension
     W  sliding-window half-width (``window``)
-    L  keys one query block looks at (sliding window: block + 2W, or + W when causal)
-    m  number of random features (Performer)
-    F  width of a feature map's output (D for elu + 1, m for Performer)
+    Sb keys one query block looks at (sliding window: block + 2W, or + W when causal)
+    m  number of random features (Performer's ``num_features``)
+    Df width of a feature map's output (D for elu + 1, m for Performer)
     R  number of hash rounds (Reformer's ``n_hashes``)
 
 Every function takes q ``(B, H, T, D)``, k ``(B, H, S, D)`` and v
@@ -26,6 +26,12 @@ Two families live here:
   (random features whose dot product estimates exp), :func:`lsh_attention`
   (each query only sees keys hashed near it).
 
+The registry, :data:`REGISTRY`, names every variant with the two references
+(``"exact"`` and ``"pytorch"``) and says what each is (exact or not, whether
+it scores pairs, what its ``window`` means); :func:`attention_call` runs one by
+name on :func:`make_inputs`' tensors. The chapter 8 explorer, ``bench/`` and
+the benchmarks page all go through it.
+
 Mask convention as everywhere in attnbook: bool, True = may attend; blocked
 scores are filled with ``torch.finfo(dtype).min``; a query with no key to
 attend to gets a zero output.
@@ -34,11 +40,16 @@ attend to gets a zero output.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.types import Device
 
-from .core import _check_qkv, _shape, scaled_dot_product_attention
+from ._checks import check_int, shape_str
+from .core import check_qkv, scaled_dot_product_attention
+from .masks import causal_mask
 
 __all__ = [
     "sliding_window_attention",
@@ -55,6 +66,13 @@ __all__ = [
     "lsh_buckets",
     "lsh_attention",
     "flash_attention",
+    "Variant",
+    "REGISTRY",
+    "NUM_FEATURES",
+    "variant",
+    "attention_call",
+    "lsh_n_buckets",
+    "make_inputs",
 ]
 
 
@@ -63,13 +81,13 @@ __all__ = [
 
 def _check_bhtd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int]:
     """Validate q (B, H, T, D), k (B, H, S, D), v (B, H, S, Dv); return B, H, T, S, D."""
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (B, H, length, dim), got shape {_shape(t)}")
+            raise ValueError(f"{name} must be 4-D (B, H, length, dim), got shape {shape_str(t)}")
     if not (q.shape[:2] == k.shape[:2] == v.shape[:2]):
         raise ValueError(
-            f"q {_shape(q)}, k {_shape(k)} and v {_shape(v)} must share (B, H) = their first two dims"
+            f"q {shape_str(q)}, k {shape_str(k)} and v {shape_str(v)} must share (B, H) = their first two dims"
         )
     B, H, T, D = q.shape
     return B, H, T, k.shape[2], D
@@ -78,17 +96,9 @@ def _check_bhtd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int,
 def _check_self_attention(name: str, q: torch.Tensor, k: torch.Tensor) -> None:
     if q.shape[-2] != k.shape[-2]:
         raise ValueError(
-            f"{name} is self-attention: q {_shape(q)} and k {_shape(k)} must have "
+            f"{name} is self-attention: q {shape_str(q)} and k {shape_str(k)} must have "
             f"the same length, got T={q.shape[-2]} and S={k.shape[-2]}"
         )
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-    return value
 
 
 def _check_scale(scale: float | None, D: int) -> float:
@@ -160,48 +170,48 @@ def sliding_window_attention(
     ``block_size`` rows (default ``max(window, 32)``, at most T); block ``n``
     covers queries ``[n*b, n*b + b)`` and can only reach keys
     ``[n*b - W, n*b + b - 1 + W]`` (``[n*b - W, n*b + b - 1]`` when causal), a
-    band of ``L = b + 2W`` keys. The keys are zero-padded by ``W`` on each side
+    band of ``Sb = b + 2W`` keys. The keys are zero-padded by ``W`` on each side
     and cut into overlapping bands with ``Tensor.unfold`` (a strided view, no
-    copy of the sequence per query), so each block does one ``(b, D) @ (D, L)``
-    product: ``T/b * b * L = T * (b + 2W)`` scores in all.
+    copy of the sequence per query), so each block does one ``(b, D) @ (D, Sb)``
+    product: ``T/b * b * Sb = T * (b + 2W)`` scores in all.
 
     Self-attention only: q, k and v must have the same length (T == S).
     """
     B, H, T, S, D = _check_bhtd(q, k, v)
     _check_self_attention("sliding_window_attention", q, k)
-    window = _check_int("window", window, 0)
-    b = min(max(window, 32), T) if block_size is None else _check_int("block_size", block_size, 1)
+    window = check_int("window", window, 0)
+    b = min(max(window, 32), T) if block_size is None else check_int("block_size", block_size, 1)
     scale = _check_scale(scale, D)
     W = window
     nb = -(-T // b)  # number of query blocks, ceil(T / b)
     Tp = nb * b  # padded length
     right = Tp - T + (0 if causal else W)
-    L = b + W + (0 if causal else W)  # keys per block
+    Sb = b + W + (0 if causal else W)  # keys per block
 
     qb = (F.pad(q, (0, 0, 0, Tp - T)) * scale).view(B, H, nb, b, D)  # (B, H, nb, b, D) scaled once
-    kb = F.pad(k, (0, 0, W, right)).unfold(2, L, b)  # (B, H, nb, D, L)
-    vb = F.pad(v, (0, 0, W, right)).unfold(2, L, b).transpose(-1, -2)  # (B, H, nb, L, Dv)
+    kb = F.pad(k, (0, 0, W, right)).unfold(2, Sb, b)  # (B, H, nb, D, Sb)
+    vb = F.pad(v, (0, 0, W, right)).unfold(2, Sb, b).transpose(-1, -2)  # (B, H, nb, Sb, Dv)
 
     # query r of block n is position n*b + r; key c of its band is n*b - W + c,
     # so i - j = W + r - c and the window is 0 <= c - r <= 2W (<= W when causal)
     r = torch.arange(b, device=q.device)[:, None]  # (b, 1)
-    c = torch.arange(L, device=q.device)[None, :]  # (1, L)
-    band = (c >= r) & (c - r <= (W if causal else 2 * W))  # (b, L)
-    j = torch.arange(nb, device=q.device)[:, None] * b - W + c  # (nb, L) key positions
-    real = (j >= 0) & (j < T)  # (nb, L) not padding
+    c = torch.arange(Sb, device=q.device)[None, :]  # (1, Sb)
+    band = (c >= r) & (c - r <= (W if causal else 2 * W))  # (b, Sb)
+    j = torch.arange(nb, device=q.device)[:, None] * b - W + c  # (nb, Sb) key positions
+    real = (j >= 0) & (j < T)  # (nb, Sb) not padding
     band_f, real_f = band.to(q.dtype), real.to(q.dtype)  # 1 = may attend
 
     # a few query blocks at a time, so that their scores (about 2 MB) stay in
     # the CPU's cache through the add, the softmax and the second product
-    group = max(1, (1 << 19) // (B * H * b * L))
+    group = max(1, (1 << 19) // (B * H * b * Sb))
     outs = []
     for g0 in range(0, nb, group):
         g = slice(g0, g0 + group)
-        allowed = band_f[None, :, :] * real_f[g, None, :]  # (G, b, L)
-        bias = allowed.sub_(1.0).mul_(torch.finfo(q.dtype).max)  # (G, b, L) 0 or finfo.min, see _blocking_bias
-        scores = torch.matmul(qb[:, :, g], kb[:, :, g]).add_(bias)  # (B, H, G, b, L)
+        allowed = band_f[None, :, :] * real_f[g, None, :]  # (G, b, Sb)
+        bias = allowed.sub_(1.0).mul_(torch.finfo(q.dtype).max)  # (G, b, Sb) 0 or finfo.min, see _blocking_bias
+        scores = torch.matmul(qb[:, :, g], kb[:, :, g]).add_(bias)  # (B, H, G, b, Sb)
         # every real query sees itself, so no real row is fully blocked (padding rows are dropped)
-        weights = _softmax(scores)  # (B, H, G, b, L)
+        weights = _softmax(scores)  # (B, H, G, b, Sb)
         outs.append(torch.matmul(weights, vb[:, :, g]))  # (B, H, G, b, Dv)
     out = torch.cat(outs, dim=2)  # (B, H, nb, b, Dv)
     return out.reshape(B, H, Tp, -1)[:, :, :T]  # (B, H, T, Dv)
@@ -228,10 +238,10 @@ def bigbird_block_pattern(
       are left), from a generator seeded with ``seed`` (same pattern for every
       batch element and head).
     """
-    nb = _check_int("num_blocks", num_blocks, 1)
-    window_blocks = _check_int("window_blocks", window_blocks, 0)
-    global_blocks = _check_int("global_blocks", global_blocks, 0)
-    random_blocks = _check_int("random_blocks", random_blocks, 0)
+    nb = check_int("num_blocks", num_blocks, 1)
+    window_blocks = check_int("window_blocks", window_blocks, 0)
+    global_blocks = check_int("global_blocks", global_blocks, 0)
+    random_blocks = check_int("random_blocks", random_blocks, 0)
     a = torch.arange(nb)
     pattern = (a[:, None] - a[None, :]).abs() <= window_blocks  # (nb, nb)
     g = min(global_blocks, nb)
@@ -259,8 +269,8 @@ def bigbird_pattern(
     ``j // block_size`` in :func:`bigbird_block_pattern` (the last block may be
     shorter than ``block_size``). Only for tests and plots: the attention
     itself never builds it."""
-    T = _check_int("T", T, 1)
-    block_size = _check_int("block_size", block_size, 1)
+    T = check_int("T", T, 1)
+    block_size = check_int("block_size", block_size, 1)
     nb = -(-T // block_size)
     blocks = bigbird_block_pattern(nb, window_blocks, global_blocks, random_blocks, seed)  # (nb, nb)
     idx = torch.arange(T) // block_size  # (T,) block of each position
@@ -290,7 +300,7 @@ def block_sparse_attention(
     """
     B, H, T, S, D = _check_bhtd(q, k, v)
     _check_self_attention("block_sparse_attention", q, k)
-    bs = _check_int("block_size", block_size, 1)
+    bs = check_int("block_size", block_size, 1)
     scale = _check_scale(scale, D)
     nb = -(-T // bs)
     Tp = nb * bs
@@ -341,7 +351,17 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _linear_attention(q, k, v, phi_q, phi_k, causal: bool, eps: float, chunk_size: int, method: str = "chunkwise"):
+def _linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    phi_q: Callable[[torch.Tensor], torch.Tensor],
+    phi_k: Callable[[torch.Tensor], torch.Tensor],
+    causal: bool,
+    eps: float,
+    chunk_size: int,
+    method: str = "chunkwise",
+) -> torch.Tensor:
     """Linear attention out_i = phi(q_i)^T S_i / (phi(q_i)^T z_i + eps), with
     S = sum_j phi(k_j) v_j^T and z = sum_j phi(k_j) over all j (non-causal)
     or over j <= i (causal). ``phi_q`` and ``phi_k`` act row by row and are
@@ -352,17 +372,17 @@ def _linear_attention(q, k, v, phi_q, phi_k, causal: bool, eps: float, chunk_siz
     column of phi(q_i)^T [S_i | z_i] is phi(q_i)^T z_i.
 
     Non-causal: [S | z] = sum over key chunks of phi(K_c)^T [V_c | 1], a
-    (F, Dv+1) matrix, then phi(Q_c) [S | z] for each query chunk.
+    (Df, Dv+1) matrix, then phi(Q_c) [S | z] for each query chunk.
 
     Causal (T == S), chunk by chunk, carrying [S | z] of the chunks before.
     Inside a chunk of C positions:
 
     * ``"cumsum"``: the states S_i of every position, a cumsum of the outer
-      products phi(k_j) v_j^T plus the carried state; memory O(C * F * Dv);
+      products phi(k_j) v_j^T plus the carried state; memory O(C * Df * Dv);
     * ``"chunkwise"``: phi(q_i)^T S_i = phi(q_i)^T S_carried + sum_{j <= i in
       the chunk} (phi(q_i) . phi(k_j)) v_j, the second term a (C, C) lower
       triangle times the chunk's values. The same numbers without building C
-      states: memory O(C * (C + F + Dv) + F * Dv), and plain matrix products
+      states: memory O(C * (C + Df + Dv) + Df * Dv), and plain matrix products
       (about 10x faster on a CPU).
     """
     B, H, T, D = q.shape
@@ -380,27 +400,28 @@ def _linear_attention(q, k, v, phi_q, phi_k, causal: bool, eps: float, chunk_siz
         state = None
         for start in range(0, S, chunk_size):
             sl = slice(start, start + chunk_size)
-            part = torch.matmul(phi_k(k[:, :, sl]).transpose(-2, -1), with_ones(v[:, :, sl]))  # (B, H, F, Dv+1)
+            part = torch.matmul(phi_k(k[:, :, sl]).transpose(-2, -1), with_ones(v[:, :, sl]))  # (B, H, Df, Dv+1)
             state = part if state is None else state + part
+        assert state is not None  # S >= 1
         for start in range(0, T, chunk_size):
             outs.append(normalise(torch.matmul(phi_q(q[:, :, start : start + chunk_size]), state)))  # (B, H, c, Dv)
         return torch.cat(outs, dim=2)  # (B, H, T, Dv)
 
-    state = None  # (B, H, F, Dv+1) prefix sum [S | z] of the chunks before
+    state = None  # (B, H, Df, Dv+1) prefix sum [S | z] of the chunks before
     for start in range(0, T, chunk_size):
         sl = slice(start, start + chunk_size)
-        fq_c, fk_c, v_c = phi_q(q[:, :, sl]), phi_k(k[:, :, sl]), with_ones(v[:, :, sl])  # (B, H, C, F), (B, H, C, Dv+1)
+        fq_c, fk_c, v_c = phi_q(q[:, :, sl]), phi_k(k[:, :, sl]), with_ones(v[:, :, sl])  # (B, H, C, Df), (B, H, C, Dv+1)
         if state is None:
-            state = fq_c.new_zeros(B, H, fq_c.shape[-1], Dv + 1)  # (B, H, F, Dv+1)
+            state = fq_c.new_zeros(B, H, fq_c.shape[-1], Dv + 1)  # (B, H, Df, Dv+1)
         if method == "cumsum":
-            outer = fk_c.unsqueeze(-1) * v_c.unsqueeze(-2)  # (B, H, C, F, Dv+1)
-            states = outer.cumsum(dim=2) + state.unsqueeze(2)  # (B, H, C, F, Dv+1) S_i for each i
+            outer = fk_c.unsqueeze(-1) * v_c.unsqueeze(-2)  # (B, H, C, Df, Dv+1)
+            states = outer.cumsum(dim=2) + state.unsqueeze(2)  # (B, H, C, Df, Dv+1) S_i for each i
             out_c = torch.einsum("bhcf,bhcfe->bhce", fq_c, states)  # (B, H, C, Dv+1)
-            state = states[:, :, -1]  # (B, H, F, Dv+1)
+            state = states[:, :, -1]  # (B, H, Df, Dv+1)
         else:
             A = torch.matmul(fq_c, fk_c.transpose(-2, -1)).tril()  # (B, H, C, C) phi(q_i).phi(k_j), j <= i
             out_c = torch.matmul(fq_c, state) + torch.matmul(A, v_c)  # (B, H, C, Dv+1)
-            state = state + torch.matmul(fk_c.transpose(-2, -1), v_c)  # (B, H, F, Dv+1)
+            state = state + torch.matmul(fk_c.transpose(-2, -1), v_c)  # (B, H, Df, Dv+1)
         outs.append(normalise(out_c))  # (B, H, C, Dv)
     return torch.cat(outs, dim=2)  # (B, H, T, Dv)
 
@@ -408,7 +429,7 @@ def _linear_attention(q, k, v, phi_q, phi_k, causal: bool, eps: float, chunk_siz
 def _check_causal_lengths(fn: str, q: torch.Tensor, k: torch.Tensor, causal: bool) -> None:
     if causal and q.shape[2] != k.shape[2]:
         raise ValueError(
-            f"{fn} with causal=True needs q {_shape(q)} and k {_shape(k)} of the same length, "
+            f"{fn} with causal=True needs q {shape_str(q)} and k {shape_str(k)} of the same length, "
             f"got T={q.shape[2]} and S={k.shape[2]}"
         )
 
@@ -454,7 +475,7 @@ def linear_attention(
     _check_bhtd(q, k, v)
     _check_causal_lengths("linear_attention", q, k, causal)
     if chunk_size is not None:
-        _check_int("chunk_size", chunk_size, 1)
+        check_int("chunk_size", chunk_size, 1)
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     if method not in _CAUSAL_METHODS:
@@ -516,7 +537,7 @@ def performer_features(
     seed: int = 0,
     *,
     dtype: torch.dtype = torch.float32,
-    device=None,
+    device: Device = None,
 ) -> torch.Tensor:
     """The random projection of FAVOR+, ``(num_features, head_dim)`` = (m, D),
     drawn from a generator seeded with ``seed`` (same seed, same matrix).
@@ -528,8 +549,8 @@ def performer_features(
     degrees of freedom), so every row still has the N(0, I_D) distribution
     but the rows of a block are orthogonal: a lower-variance estimate.
     """
-    m = _check_int("num_features", num_features, 1)
-    D = _check_int("head_dim", head_dim, 1)
+    m = check_int("num_features", num_features, 1)
+    D = check_int("head_dim", head_dim, 1)
     gen = torch.Generator().manual_seed(seed)
     if not orthogonal:
         w = torch.randn(m, D, generator=gen, dtype=torch.float64)
@@ -560,7 +581,7 @@ def performer_feature_map(x: torch.Tensor, projection: torch.Tensor, is_query: b
     """
     D = x.shape[-1]
     if projection.dim() != 2 or projection.shape[1] != D:
-        raise ValueError(f"projection must be (m, D={D}), got {_shape(projection)}")
+        raise ValueError(f"projection must be (m, D={D}), got {shape_str(projection)}")
     m = projection.shape[0]
     x = x * D**-0.25
     wx = torch.matmul(x, projection.to(x.dtype).T)  # (B, H, length, m)
@@ -599,7 +620,7 @@ def performer_attention(
     """
     B, H, T, S, D = _check_bhtd(q, k, v)
     _check_causal_lengths("performer_attention", q, k, causal)
-    chunk_size = _check_int("chunk_size", chunk_size, 1)
+    chunk_size = check_int("chunk_size", chunk_size, 1)
     w = performer_features(num_features, D, orthogonal, seed, dtype=q.dtype, device=q.device)  # (m, D)
     fq = performer_feature_map(q, w, is_query=True)  # (B, H, T, m)
     fk = performer_feature_map(k, w, is_query=False)  # (B, H, S, m)
@@ -621,9 +642,9 @@ def lsh_buckets(x: torch.Tensor, n_buckets: int, n_hashes: int = 1, seed: int = 
         what = f"a {x.dtype} tensor" if isinstance(x, torch.Tensor) else type(x).__name__
         raise TypeError(f"x must be a floating-point torch.Tensor, got {what}")
     if x.dim() != 4:
-        raise ValueError(f"x must be 4-D (B, H, T, D), got shape {_shape(x)}")
-    n_buckets = _check_int("n_buckets", n_buckets, 1)
-    n_hashes = _check_int("n_hashes", n_hashes, 1)
+        raise ValueError(f"x must be 4-D (B, H, T, D), got shape {shape_str(x)}")
+    n_buckets = check_int("n_buckets", n_buckets, 1)
+    n_hashes = check_int("n_hashes", n_hashes, 1)
     B, H, T, D = x.shape
     if n_buckets == 1:
         return torch.zeros(B, H, n_hashes, T, dtype=torch.long, device=x.device)
@@ -675,8 +696,8 @@ def lsh_attention(
     """
     B, H, T, S, D = _check_bhtd(qk, qk, v)
     if v.shape[2] != T:
-        raise ValueError(f"qk {_shape(qk)} and v {_shape(v)} must have the same length T")
-    C = _check_int("chunk_size", chunk_size, 1)
+        raise ValueError(f"qk {shape_str(qk)} and v {shape_str(v)} must have the same length T")
+    C = check_int("chunk_size", chunk_size, 1)
     buckets = lsh_buckets(qk, n_buckets, n_hashes, seed)  # (B, H, R, T)
     R = buckets.shape[2]
     Dv = v.shape[-1]
@@ -698,7 +719,7 @@ def lsh_attention(
     vc = sv.view(B, H, R, nc, C, Dv)  # (B, H, R, nc, C, Dv)
     pc = spos.view(B, H, R, nc, C)  # (B, H, R, nc, C)
 
-    def look_back(x: torch.Tensor, fill) -> torch.Tensor:
+    def look_back(x: torch.Tensor, fill: float) -> torch.Tensor:
         # each chunk next to the one before it; chunk 0 gets a "previous" chunk of padding
         prev = torch.cat([torch.full_like(x[:, :, :, :1], fill), x[:, :, :, :-1]], dim=3)
         return torch.cat([prev, x], dim=4)  # (B, H, R, nc, 2C, ...)
@@ -775,7 +796,7 @@ def flash_attention(
     every tile for the backward pass.
     """
     B, H, T, S, D = _check_bhtd(q, k, v)
-    bs = _check_int("block_size", block_size, 1)
+    bs = check_int("block_size", block_size, 1)
     scale = _check_scale(scale, D)
     acc_dtype = torch.promote_types(q.dtype, torch.float32)
     lowest = torch.finfo(acc_dtype).min
@@ -830,3 +851,108 @@ def flash_attention(
             m, l, acc = m_new, l_new, acc_new
     out = torch.where(l > 0, acc / l.clamp_min(torch.finfo(acc_dtype).tiny), 0.0)  # (B, H, nq, bs, Dv)
     return out.reshape(B, H, Tp, Dv)[:, :, :T].to(q.dtype)  # (B, H, T, Dv)
+
+
+# ----------------------------------------------------------------------------- the registry
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of computing attention, as the explorer, the benchmarks and the report run it.
+
+    Attributes:
+        name: its key in :data:`REGISTRY`, e.g. ``"sliding window"``.
+        exact: gives the numbers of softmax attention (under its pattern, if it has one); the
+            approximations (linear, Performer, LSH) do not.
+        scores_pairs: computes (query, key) scores at all; linear attention and Performer never do
+            (keys are summed into a small state).
+        window: what the ``window`` argument of :func:`attention_call` means for it (``"window
+            half-width"``, ``"block size"``, ...), or ``None`` when it takes none.
+        causal: whether it has a causal form (``causal=True``).
+        run: ``run(q, k, v, window, causal)`` -> the output ``(B, H, T, Dv)``.
+    """
+
+    name: str
+    exact: bool
+    scores_pairs: bool
+    window: str | None
+    causal: bool
+    run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, bool], torch.Tensor] = field(repr=False)
+
+
+NUM_FEATURES = 64  # Performer's random features in the registry
+
+
+def lsh_n_buckets(T: int, window: int) -> int:
+    """Reformer's choice: about one chunk of ``window`` positions per bucket, so
+    ``T // window`` buckets, made even (buckets come in +/- pairs), or 1."""
+    n = max(1, T // window)
+    return n if n == 1 or n % 2 == 0 else n + 1
+
+
+def _exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, causal: bool) -> torch.Tensor:
+    mask = causal_mask(q.shape[-2], k.shape[-2], device=q.device) if causal else None
+    return scaled_dot_product_attention(q, k, v, mask)[0]
+
+
+def _block_sparse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, causal: bool) -> torch.Tensor:
+    if causal:
+        raise ValueError("block_sparse_attention has no causal form")
+    return block_sparse_attention(q, k, v, window)
+
+
+def _lsh(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, causal: bool) -> torch.Tensor:
+    out = lsh_attention(q, v, lsh_n_buckets(q.shape[2], window), window, causal=causal)  # shared queries/keys: q
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
+REGISTRY: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("exact", True, True, None, True, _exact),
+        Variant("pytorch", True, True, None, True,
+                lambda q, k, v, window, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal)),
+        Variant("sliding window", True, True, "window half-width", True,
+                lambda q, k, v, window, causal: sliding_window_attention(q, k, v, window, causal=causal)),
+        Variant("block sparse", True, True, "block size", False, _block_sparse),
+        Variant("linear", False, False, None, True,
+                lambda q, k, v, window, causal: linear_attention(q, k, v, causal=causal)),
+        Variant("performer", False, False, None, True,
+                lambda q, k, v, window, causal: performer_attention(q, k, v, NUM_FEATURES, causal=causal)),
+        Variant("LSH", False, True, "chunk size", True, _lsh),
+        Variant("flash", True, True, "tile size", True,
+                lambda q, k, v, window, causal: flash_attention(q, k, v, causal=causal, block_size=window)),
+    )
+}
+"""Every attention variant by name: ``"exact"`` (:func:`attnbook.scaled_dot_product_attention`, which
+builds the (T, S) weights) and ``"pytorch"`` (``F.scaled_dot_product_attention``, PyTorch's fused kernel)
+as the references, then the variants of this module."""
+
+
+def variant(name: str) -> Variant:
+    """The :class:`Variant` called ``name``; a ``ValueError`` names the known ones."""
+    if name not in REGISTRY:
+        raise ValueError(f"variant must be one of {tuple(REGISTRY)}, got {name!r}")
+    return REGISTRY[name]
+
+
+def attention_call(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int = 64, *,
+                   causal: bool = False) -> Callable[[], torch.Tensor]:
+    """A zero-argument callable computing variant ``name`` (a key of :data:`REGISTRY`) on q, k, v
+    ``(B, H, T, D)`` with its ``window`` (ignored by the variants that take none); returns the output
+    ``(B, H, T, Dv)``. For timing: the arguments are bound once, the call does only the attention."""
+    run = variant(name).run
+    if causal and not REGISTRY[name].causal:
+        raise ValueError(f"variant {name!r} has no causal form")
+    return lambda: run(q, k, v, window, causal)
+
+
+def make_inputs(T: int, *, B: int = 1, H: int = 2, D: int = 32, seed: int = 0,
+                dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inputs the variants are compared on: random q, k, v, each ``(B, H, T, D)``, from a
+    generator seeded with ``seed`` (the same seed, the same tensors), in ``dtype`` (default: torch's
+    default dtype)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=dtype) for _ in range(3))
+    return q, k, v

@@ -8,12 +8,14 @@ reader's answer.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 __all__ = ["check"]
 
 
-def check(name: str, answer, expected, *, atol: float = 1e-5, hint: str = "") -> None:
+def check(name: str, answer: Any, expected: Any, *, atol: float = 1e-5, hint: str = "") -> None:
     """Compare the reader's ``answer`` with ``expected``.
 
     Prints that no answer was given yet (``answer is None``) or that it is

@@ -28,13 +28,20 @@ attention block of a layer, one list per block kind for a stack).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import _shape
+from ._checks import check_int, check_prob, shape_str
 from .mha import MultiHeadAttention
+
+if TYPE_CHECKING:
+    from .kvcache import KVCache
+
+_L = TypeVar("_L", "TransformerEncoderLayer", "TransformerDecoderLayer")
 
 __all__ = [
     "FeedForward",
@@ -44,30 +51,20 @@ __all__ = [
     "TransformerDecoder",
 ]
 
-_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"relu": F.relu, "gelu": F.gelu}
 
 
-def _check_positive_int(name: str, val) -> None:
-    if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-        raise ValueError(f"{name} must be a positive int, got {val!r}")
-
-
-def _check_dropout(p) -> None:
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout must be a float in [0, 1), got {p!r}")
-
-
-def _check_activation(activation) -> str:
+def _check_activation(activation: object) -> str:
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
     return activation
 
 
-def _check_seq(name: str, x, width: int) -> None:
+def _check_seq(name: str, x: object, width: int) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() not in (2, 3) or x.shape[-1] != width:
-        raise ValueError(f"{name} must be (B, length, E={width}) (batch-first) or (length, E={width}), got {_shape(x)}")
+        raise ValueError(f"{name} must be (B, length, E={width}) (batch-first) or (length, E={width}), got {shape_str(x)}")
     if not x.dtype.is_floating_point:
         raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
 
@@ -83,7 +80,7 @@ def _torch_activation(layer: nn.Module) -> str:
     raise ValueError(f"activation {layer.activation!r} has no counterpart; use 'relu' or 'gelu'")
 
 
-def _from_torch_common(cls, layer: nn.Module):
+def _from_torch_common(cls: type[_L], layer: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer) -> _L:
     """What PyTorch's encoder and decoder layers share: the hyperparameters, the
     self-attention, the feed-forward block and norm1/norm2 (copied onto a new ``cls``)."""
     new = cls(
@@ -129,9 +126,9 @@ class FeedForward(nn.Module):
         bias: bool = True,
     ):
         super().__init__()
-        _check_positive_int("d_model", d_model)
-        _check_positive_int("dim_feedforward", dim_feedforward)
-        _check_dropout(dropout)
+        check_int("d_model", d_model)
+        check_int("dim_feedforward", dim_feedforward)
+        check_prob("dropout", dropout)
         self.activation = _check_activation(activation)
         self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias)  # E -> F
         self.dropout = nn.Dropout(dropout)
@@ -173,7 +170,7 @@ class TransformerEncoderLayer(nn.Module):
         bias: bool = True,
     ):
         super().__init__()
-        _check_dropout(dropout)
+        check_prob("dropout", dropout)
         self.d_model = d_model
         self.norm_first = bool(norm_first)
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
@@ -186,15 +183,16 @@ class TransformerEncoderLayer(nn.Module):
     def extra_repr(self) -> str:
         return f"norm_first={self.norm_first}"
 
-    def _sa_block(self, x, mask, need_weights, cache=None):
+    def _sa_block(self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool,
+                  cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         out, weights = self.self_attn(x, mask=mask, need_weights=need_weights, cache=cache)  # (B, T, E), (B, H, T, S)
         return self.dropout1(out), weights
 
-    def _ff_block(self, x):
+    def _ff_block(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout2(self.ff(x))  # (B, T, E)
 
     def forward(self, src: torch.Tensor, mask: torch.Tensor | None = None, *, need_weights: bool = False,
-                cache=None):
+                cache: KVCache | None = None) -> Any:
         """``cache`` (an :class:`attnbook.KVCache`) makes the self-attention
         incremental: ``src`` holds only the new positions (decoder-only generation)."""
         _check_seq("src", src, self.d_model)
@@ -250,7 +248,7 @@ class TransformerDecoderLayer(nn.Module):
         bias: bool = True,
     ):
         super().__init__()
-        _check_dropout(dropout)
+        check_prob("dropout", dropout)
         self.d_model = d_model
         self.norm_first = bool(norm_first)
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
@@ -266,15 +264,17 @@ class TransformerDecoderLayer(nn.Module):
     def extra_repr(self) -> str:
         return f"norm_first={self.norm_first}"
 
-    def _sa_block(self, x, mask, need_weights, cache=None):
+    def _sa_block(self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool,
+                  cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         out, weights = self.self_attn(x, mask=mask, need_weights=need_weights, cache=cache)  # (B, T, E), (B, H, T, S)
         return self.dropout1(out), weights
 
-    def _ca_block(self, x, memory, mask, need_weights):
+    def _ca_block(self, x: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None,
+                  need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         out, weights = self.cross_attn(x, memory, memory, mask=mask, need_weights=need_weights)  # (B, H, T, S)
         return self.dropout2(out), weights
 
-    def _ff_block(self, x):
+    def _ff_block(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout3(self.ff(x))  # (B, T, E)
 
     def forward(
@@ -285,11 +285,11 @@ class TransformerDecoderLayer(nn.Module):
         memory_mask: torch.Tensor | None = None,
         *,
         need_weights: bool = False,
-    ):
+    ) -> Any:
         _check_seq("tgt", tgt, self.d_model)
         _check_seq("memory", memory, self.d_model)
         if tgt.dim() != memory.dim() or (tgt.dim() == 3 and tgt.shape[0] != memory.shape[0]):
-            raise ValueError(f"tgt {_shape(tgt)} and memory {_shape(memory)} must share the batch size B")
+            raise ValueError(f"tgt {shape_str(tgt)} and memory {shape_str(memory)} must share the batch size B")
         x = tgt  # (B, T, E)
         if self.norm_first:
             sa, w_self = self._sa_block(self.norm1(x), tgt_mask, need_weights)
@@ -321,7 +321,7 @@ class TransformerDecoderLayer(nn.Module):
 
 
 def _clones(layer: nn.Module, num_layers: int) -> nn.ModuleList:
-    _check_positive_int("num_layers", num_layers)
+    check_int("num_layers", num_layers)
     return nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
 
 
@@ -342,7 +342,7 @@ class TransformerEncoder(nn.Module):
         self.norm = norm
 
     def forward(self, src: torch.Tensor, mask: torch.Tensor | None = None, *, need_weights: bool = False,
-                caches=None):
+                caches: Sequence[KVCache] | None = None) -> Any:
         """``caches``: one :class:`attnbook.KVCache` per layer for incremental decoding."""
         if caches is not None and len(caches) != len(self.layers):
             raise ValueError(f"got {len(caches)} caches for {len(self.layers)} layers")
@@ -395,7 +395,7 @@ class TransformerDecoder(nn.Module):
         memory_mask: torch.Tensor | None = None,
         *,
         need_weights: bool = False,
-    ):
+    ) -> Any:
         x = tgt  # (B, T, E)
         self_weights, cross_weights = [], []
         for layer in self.layers:

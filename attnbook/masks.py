@@ -19,7 +19,12 @@ conventions you will meet, and the converters for them:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+from torch.types import Device
+
+from ._checks import check_int
 
 __all__ = [
     "causal_mask",
@@ -36,27 +41,19 @@ __all__ = [
 ]
 
 
-def _check_length(name: str, n) -> int:
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"{name} must be an int, got {type(n).__name__}")
-    if n < 1:
-        raise ValueError(f"{name} must be >= 1, got {n}")
-    return n
-
-
-def causal_mask(T: int, S: int | None = None, *, offset: int = 0, device=None) -> torch.Tensor:
+def causal_mask(T: int, S: int | None = None, *, offset: int = 0, device: Device = None) -> torch.Tensor:
     """Bool ``(T, S)``: query ``i`` may attend key ``j`` when ``j <= i + offset``.
 
     With the default ``offset=0`` this is True on and below the diagonal (the
     same as ``is_causal=True`` in PyTorch). When the queries are the last T of
     S positions (decoding with a KV cache), pass ``offset=S - T``.
     """
-    T = _check_length("T", T)
-    S = T if S is None else _check_length("S", S)
+    T = check_int("T", T)
+    S = T if S is None else check_int("S", S)
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=offset)
 
 
-def padding_mask(lengths, max_len: int | None = None, *, left: bool = False) -> torch.Tensor:
+def padding_mask(lengths: torch.Tensor | Sequence[int], max_len: int | None = None, *, left: bool = False) -> torch.Tensor:
     """Bool ``(B, 1, 1, S)``, True for the real (non-padding) keys.
 
     ``lengths`` holds the true length of each sequence in the batch; ``S`` is
@@ -82,13 +79,12 @@ def padding_mask(lengths, max_len: int | None = None, *, left: bool = False) -> 
     return real[:, None, None, :]  # (B, 1, 1, S)
 
 
-def sliding_window_mask(T: int, window: int, S: int | None = None, *, causal: bool = False, device=None) -> torch.Tensor:
+def sliding_window_mask(T: int, window: int, S: int | None = None, *, causal: bool = False, device: Device = None) -> torch.Tensor:
     """Bool ``(T, S)``: query ``i`` may attend key ``j`` when ``|i - j| <= window``
     (``0 <= i - j <= window`` when ``causal``)."""
-    T = _check_length("T", T)
-    S = T if S is None else _check_length("S", S)
-    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-        raise ValueError(f"window must be an int >= 0, got {window!r}")
+    T = check_int("T", T)
+    S = T if S is None else check_int("S", S)
+    window = check_int("window", window, 0)
     i = torch.arange(T, device=device)[:, None]
     j = torch.arange(S, device=device)[None, :]
     d = i - j  # (T, S)

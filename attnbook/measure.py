@@ -1,20 +1,63 @@
-"""Measuring: where a number came from, and (in later steps) timing and memory probes.
+"""Measuring: where a number came from, how long code takes, how much memory it holds, which kernel ran.
 
-Dimension legend: B batch, H heads, T query length, S key length, D head dim, E model dim.
+Dimension legend: T sequence length (the size a cost curve runs over).
 
-Timings depend on the machine. Every chapter that stores timings prints :func:`machine_summary` once, next to
-them, so that a reader can weigh a stored "12.3 ms" against their own CPU or GPU.
+* **Where** (:func:`machine_summary`): timings depend on the machine. Every chapter that stores timings
+  prints it once, next to them, so that a reader can weigh a stored "12.3 ms" against their own CPU or GPU.
+* **Time** (:func:`time_calls`, :func:`time_samples`): one harness for the explorers, the chapters and
+  ``bench/``. Calls are interleaved (every call once per round, so a load spike on a shared machine hits all
+  of them alike), after one warm-up call each, under ``torch.no_grad()``, and the device is synchronised
+  around each call (CUDA and MPS run asynchronously: without it the clock stops before the work is done).
+* **Memory, tracked** (:class:`TensorMemoryTracker`, :func:`tracked_memory`): every tensor storage PyTorch's
+  operators allocate, until it is freed. Deterministic (the same code gives the same bytes on every run),
+  but blind to scratch buffers a C++ kernel allocates for itself.
+* **Memory, measured** (:func:`peak_rss_growth`, :func:`cuda_peak_growth`): how far one call raises the
+  process's peak resident memory (Linux) or the CUDA allocator's peak: what the machine really saw.
+* **Cost curves and crossovers** (:func:`cost_curves`, :func:`crossover`): time and tracked memory of
+  several calls at several sizes, and the size from which one cost stays below another.
+* **Kernel dispatch** (:func:`dispatched_ops`): the ATen operators a call ran, e.g. which kernel
+  ``F.scaled_dot_product_attention`` picked.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import math
 import os
 import platform
+import resource
+import statistics
+import sys
+import time
+import weakref
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-__all__ = ["cpu_model", "machine_summary"]
+__all__ = [
+    "cpu_model",
+    "machine_summary",
+    "synchronize",
+    "time_samples",
+    "time_calls",
+    "TensorMemoryTracker",
+    "tracked_memory",
+    "peak_rss_growth",
+    "cuda_peak_growth",
+    "cost_curves",
+    "crossover",
+    "dispatched_ops",
+]
+
+K = TypeVar("K", bound=Hashable)
+
+
+# ----------------------------------------------------------------------------- where
 
 
 def cpu_model() -> str:
@@ -36,9 +79,303 @@ def machine_summary(device: str | torch.device | None = None) -> str:
     parts = [f"CPU: {cpu_model()} ({os.cpu_count()} logical cores)",
              f"{threads} intra-op thread{'s' if threads != 1 else ''}",
              f"torch {torch.__version__}"]
-    device = torch.device(device) if device is not None else None
-    if device is not None and device.type == "cuda":
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device={device} was asked for, but torch.cuda.is_available() is False")
-        parts.insert(0, f"GPU: {torch.cuda.get_device_name(device)}")
+            raise ValueError(f"device={dev} was asked for, but torch.cuda.is_available() is False")
+        parts.insert(0, f"GPU: {torch.cuda.get_device_name(dev)}")
     return "timings measured on " + ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------- time
+
+
+def synchronize(device: str | torch.device | None) -> None:
+    """Wait until every kernel queued on ``device`` has finished (a no-op for the CPU and for ``None``)."""
+    if device is None:
+        return
+    kind = torch.device(device).type
+    if kind == "cuda":
+        torch.cuda.synchronize(device)
+    elif kind == "mps":
+        torch.mps.synchronize()
+
+
+def time_samples(
+    calls: Mapping[K, Callable[[], object]],
+    rounds: int = 3,
+    slow_s: float | None = 0.25,
+    *,
+    device: str | torch.device | None = None,
+) -> dict[K, list[float]]:
+    """Seconds of each timed call of each of ``calls`` (name -> zero-argument callable).
+
+    Under ``torch.no_grad()``: one warm-up call each, then ``rounds`` interleaved rounds (every call once
+    per round). A call whose warm-up took longer than ``slow_s`` seconds runs in the first two rounds only
+    (its cost dwarfs the noise); ``slow_s=None`` times every call in every round. With a CUDA or MPS
+    ``device`` the device is synchronised before the clock starts and before it stops.
+    """
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds!r}")
+    samples: dict[K, list[float]] = {name: [] for name in calls}
+    slow = set()
+    with torch.no_grad():
+        for name, fn in calls.items():
+            synchronize(device)
+            t0 = time.perf_counter()
+            fn()
+            synchronize(device)
+            if slow_s is not None and time.perf_counter() - t0 > slow_s:
+                slow.add(name)
+        for r in range(rounds):
+            for name, fn in calls.items():
+                if r >= 2 and name in slow:
+                    continue
+                synchronize(device)
+                t0 = time.perf_counter()
+                fn()
+                synchronize(device)
+                samples[name].append(time.perf_counter() - t0)
+    return samples
+
+
+def time_calls(
+    calls: Mapping[K, Callable[[], object]],
+    rounds: int = 3,
+    slow_s: float | None = 0.25,
+    *,
+    reduce: str = "min",
+    device: str | torch.device | None = None,
+) -> dict[K, float]:
+    """Seconds per call of each of ``calls`` (name -> zero-argument callable), timed by :func:`time_samples`.
+
+    ``reduce="min"`` (the default) keeps the fastest round: on a shared machine other processes only ever
+    add time, so the minimum is the steadiest estimate of what the code itself costs. ``"median"`` is what
+    ``bench/`` reports (with ``slow_s=None``: every round counts).
+    """
+    if reduce not in ("min", "median"):
+        raise ValueError(f"reduce must be 'min' or 'median', got {reduce!r}")
+    stat: Callable[[list[float]], float] = min if reduce == "min" else statistics.median
+    return {name: stat(ts) for name, ts in time_samples(calls, rounds, slow_s, device=device).items()}
+
+
+# ----------------------------------------------------------------------------- memory, tracked
+
+
+class TensorMemoryTracker(TorchDispatchMode):
+    """Inside ``with TensorMemoryTracker() as m:``, count the bytes of every
+    tensor storage PyTorch's operators allocate, until it is freed.
+
+    ``m.peak``: the most bytes alive at once; ``m.largest``: the largest single
+    storage; ``m.current``: bytes still alive; ``m.ops``: the operators seen
+    (e.g. ``"aten::mm"``). An output that shares its storage with an input of
+    the same operator (a view, an in-place op) allocates nothing. Storages that
+    existed before the block (the inputs) are not counted. Deterministic: the
+    same code gives the same bytes. Scratch memory a C++ kernel allocates for
+    itself, below the operator level, is invisible.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current = self.peak = self.largest = 0
+        self.ops: set[str] = set()
+        self._live: dict[int, tuple[weakref.ref, int]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.ops.add(func._schema.name)
+        inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                if st._cdata not in inputs:
+                    self._add(st)
+        return out
+
+    def _add(self, st: torch.UntypedStorage) -> None:
+        key = st._cdata
+        entry = self._live.get(key)
+        if entry is not None and entry[0]() is st:
+            return
+        n = st.nbytes()
+        self._live[key] = (weakref.ref(st, functools.partial(self._free, key)), n)
+        self.current += n
+        self.peak = max(self.peak, self.current)
+        self.largest = max(self.largest, n)
+
+    def _free(self, key: int, ref: weakref.ref) -> None:
+        entry = self._live.get(key)
+        if entry is not None and entry[0] is ref:
+            del self._live[key]
+            self.current -= entry[1]
+
+
+def tracked_memory(fn: Callable[[], object]) -> dict[str, Any]:
+    """Run ``fn()`` once under ``torch.no_grad()`` and a :class:`TensorMemoryTracker`;
+    the output is dropped inside, so it counts towards the peak but not after.
+    Returns ``{"peak_bytes", "largest_bytes", "ops"}``."""
+    with torch.no_grad(), TensorMemoryTracker() as m:
+        out = fn()
+        del out
+    return {"peak_bytes": m.peak, "largest_bytes": m.largest, "ops": sorted(m.ops)}
+
+
+# ----------------------------------------------------------------------------- memory, measured
+
+
+def _status_kib(field: str) -> int | None:
+    """A ``VmXXX`` line of ``/proc/self/status`` (KiB), or None where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Linux: reset the peak RSS (VmHWM) to the current RSS (``echo 5 > /proc/self/clear_refs``)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return _status_kib("VmHWM") is not None
+
+
+def peak_rss_growth(fn: Callable[[], object]) -> tuple[int, str]:
+    """How far one call of ``fn()`` raises the process's peak resident memory above its resident memory
+    just before: ``(bytes, how it was measured)``. The output is kept until the peak has been read.
+
+    On Linux the peak is reset first (``/proc/self/clear_refs``), so the growth is VmHWM after the call
+    minus VmRSS before it. Elsewhere it is the growth of ``ru_maxrss``, which can under-count: memory freed
+    before the call may be reused. Run it in a fresh process, after a warm-up call, for a clean number
+    (``bench/bench_efficient.py`` does).
+    """
+    if _reset_peak_rss():
+        before = _status_kib("VmRSS")
+        out = fn()
+        after = _status_kib("VmHWM")
+        del out
+        if before is not None and after is not None:
+            return (after - before) * 1024, "VmHWM after - VmRSS before (peak reset via /proc/self/clear_refs)"
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = fn()
+    end = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    del out
+    unit = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is in bytes there, KiB on Linux
+    return int((end - start) * unit), "ru_maxrss after - before"
+
+
+def cuda_peak_growth(fn: Callable[[], object], device: str | torch.device = "cuda") -> int:
+    """Bytes by which one call of ``fn()`` raises the CUDA caching allocator's peak above what was
+    allocated before it (``torch.cuda.max_memory_allocated``), the output kept until the peak is read."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    out = fn()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    del out
+    return int(peak - before)
+
+
+# ----------------------------------------------------------------------------- cost curves
+
+
+def cost_curves(
+    calls_at: Callable[[int], Mapping[K, Callable[[], object]]],
+    sizes: Sequence[int],
+    *,
+    rounds: int = 3,
+    memory: bool = True,
+    threads: int | None = 1,
+    reduce: str = "min",
+    device: str | torch.device | None = None,
+) -> dict[K, dict[str, float]]:
+    """Time (and track the memory of) several calls at several sizes.
+
+    ``calls_at(size)`` gives the calls for one size (key -> zero-argument callable; the keys must differ
+    from one size to the next, e.g. ``(name, size)``). The calls of one size are timed together,
+    interleaved (:func:`time_calls`), with ``threads`` torch threads (default 1: steadier on a shared
+    machine; ``None`` keeps the current setting; the setting is restored afterwards). Returns
+    ``{key: {"time_s", "peak_bytes", "largest_bytes"}}`` (no memory keys with ``memory=False``).
+    """
+    out: dict[K, dict[str, float]] = {}
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        for size in sizes:
+            calls = calls_at(size)
+            times = time_calls(calls, rounds, reduce=reduce, device=device)
+            for key, fn in calls.items():
+                entry: dict[str, float] = {"time_s": times[key]}
+                if memory:
+                    mem = tracked_memory(fn)
+                    entry.update(peak_bytes=mem["peak_bytes"], largest_bytes=mem["largest_bytes"])
+                out[key] = entry
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
+def crossover(t_values: Sequence[float], cost: Sequence[float], ref_cost: Sequence[float]) -> float | None:
+    """Where ``cost`` drops below ``ref_cost`` for good: the smallest measured T
+    from which on every ``cost < ref_cost``, refined by interpolating the log of
+    the ratio linearly in log T between that T and the one before it. Returns
+    ``t_values[0]`` when ``cost`` is below from the start, ``None`` when it is
+    not below at the last T."""
+    if not (len(t_values) == len(cost) == len(ref_cost)) or not t_values:
+        raise ValueError(f"t_values, cost and ref_cost need the same nonzero length, got "
+                         f"{len(t_values)}, {len(cost)}, {len(ref_cost)}")
+    ratio = [math.log(c / r) for c, r in zip(cost, ref_cost)]  # < 0: cheaper than the reference
+    i = len(ratio)
+    while i > 0 and ratio[i - 1] < 0:
+        i -= 1
+    if i == len(ratio):
+        return None
+    if i == 0:
+        return float(t_values[0])
+    t0, t1 = math.log(t_values[i - 1]), math.log(t_values[i])
+    r0, r1 = ratio[i - 1], ratio[i]
+    return math.exp(t0 + (t1 - t0) * r0 / (r0 - r1))
+
+
+# ----------------------------------------------------------------------------- kernel dispatch
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null for a while: the profiler's C++ side
+    prints start/stop lines with timestamps there, which would land in a notebook."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def dispatched_ops(fn: Callable[[], object], prefix: str = "aten::") -> list[str]:
+    """Run ``fn()`` once under ``torch.profiler`` (CPU activity, which records the
+    ATen operators for tensors on any device) and return the names of the
+    operators that start with ``prefix``, in the order they were called, each once.
+    ``dispatched_ops(lambda: F.scaled_dot_product_attention(q, k, v), "aten::_scaled")``
+    names the kernel PyTorch chose, e.g. ``["aten::_scaled_dot_product_flash_attention_for_cpu"]``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    names: list[str] = []
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        if event.name.startswith(prefix) and event.name not in names:
+            names.append(event.name)
+    return names

@@ -1,9 +1,15 @@
 """Multi-head attention as an ``nn.Module``, batch-first.
 
+Grouped-query attention (GQA) and multi-query attention (MQA) are the same
+module with fewer key/value heads than query heads (``num_kv_heads``);
+:func:`grouped_decode_attention` is the attention of a decoding step over such
+a cache, written so that each key/value head is read once for its group.
+
 Dimension legend:
     B  batch size
     H  number of query heads          (``num_heads``)
     Hkv number of key/value heads     (``num_kv_heads``; H for plain multi-head)
+    G  query heads per key/value head (H / Hkv)
     T  query length,  S  key/value length
     D  head dimension (E // H)
     E  model dimension (``d_model``)
@@ -14,16 +20,21 @@ added to the scores. See :mod:`attnbook.core`.
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import _shape, check_mask, scaled_dot_product_attention
+from ._checks import check_int, check_prob, shape_str
+from ._compat import SDPA_HAS_GQA, SDPA_SAFE_SOFTMAX
+from .core import check_mask, scaled_dot_product_attention
 
-__all__ = ["MultiHeadAttention", "split_heads", "merge_heads"]
+if TYPE_CHECKING:
+    from .kvcache import KVCache
 
-# F.scaled_dot_product_attention(enable_gqa=True) arrived in torch 2.5; older ones repeat the heads
-_SDPA_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+__all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "grouped_decode_attention"]
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -75,19 +86,18 @@ class MultiHeadAttention(nn.Module):
         vdim: int | None = None,
     ):
         super().__init__()
-        for name, val in (("d_model", d_model), ("num_heads", num_heads)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise ValueError(f"{name} must be a positive int, got {val!r}")
+        check_int("d_model", d_model)
+        check_int("num_heads", num_heads)
         if d_model % num_heads:
             raise ValueError(
                 f"d_model={d_model} is not divisible by num_heads={num_heads}: "
                 f"each head needs d_model / num_heads features"
             )
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) or num_kv_heads < 1 or num_heads % num_kv_heads:
+        check_int("num_kv_heads", num_kv_heads, None)
+        if num_kv_heads < 1 or num_heads % num_kv_heads:
             raise ValueError(f"num_kv_heads={num_kv_heads!r} must be a positive divisor of num_heads={num_heads}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        check_prob("dropout", dropout)
         self.d_model = d_model
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -118,9 +128,11 @@ class MultiHeadAttention(nn.Module):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 3 or x.shape[-1] != width:
-            raise ValueError(f"{name} must be (B, length, {width}) (batch-first), got {_shape(x)}")
+            raise ValueError(f"{name} must be (B, length, {width}) (batch-first), got {shape_str(x)}")
 
-    def project(self, query, key=None, value=None):
+    def project(
+        self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The three projections, split into heads: q (B, H, T, D), k and v (B, Hkv, S, D)."""
         key = query if key is None else key
         value = key if value is None else value
@@ -128,24 +140,40 @@ class MultiHeadAttention(nn.Module):
         self._check_input("key", key, self.kdim)
         self._check_input("value", value, self.vdim)
         if key.shape[:2] != value.shape[:2]:
-            raise ValueError(f"key {_shape(key)} and value {_shape(value)} must share (B, S)")
+            raise ValueError(f"key {shape_str(key)} and value {shape_str(value)} must share (B, S)")
         if query.shape[0] != key.shape[0]:
-            raise ValueError(f"query {_shape(query)} and key {_shape(key)} must share the batch size B")
+            raise ValueError(f"query {shape_str(query)} and key {shape_str(key)} must share the batch size B")
         q = split_heads(self.q_proj(query), self.num_heads)  # (B, H, T, D)
         k = split_heads(self.k_proj(key), self.num_kv_heads)  # (B, Hkv, S, D)
         v = split_heads(self.v_proj(value), self.num_kv_heads)  # (B, Hkv, S, D)
         return q, k, v
 
-    def attend(self, q, k, v, mask=None, need_weights=True):
-        """Attention over already projected heads; returns (out (B, T, E), weights or None)."""
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        need_weights: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention over already projected heads; returns (out (B, T, E), weights or None).
+
+        With ``need_weights=False`` it takes PyTorch's fused kernel, except for a bool mask with a query
+        row that allows no key (the explicit path guarantees that row's zero output on every backend)
+        and, on a torch without :data:`attnbook._compat.SDPA_SAFE_SOFTMAX`, for any float mask (a fully
+        blocked row would come out NaN)."""
         groups = self.num_heads // self.num_kv_heads
         p = self.dropout if self.training else 0.0
         if mask is not None:
             check_mask(mask, torch.Size((q.shape[0], self.num_heads, q.shape[2], k.shape[2])))
-        use_fast = not need_weights and not (
-            mask is not None and mask.dtype == torch.bool and not bool(mask.any(dim=-1).all())
-        )
-        if use_fast and groups > 1 and _SDPA_HAS_GQA:
+        if mask is None:
+            fused_ok = True
+        elif mask.dtype == torch.bool:
+            fused_ok = bool(mask.any(dim=-1).all())  # every query row keeps at least one key
+        else:
+            fused_ok = SDPA_SAFE_SOFTMAX
+        use_fast = not need_weights and fused_ok
+        if use_fast and groups > 1 and SDPA_HAS_GQA:
             # fused kernel that reads each key/value head once for its whole group of query heads
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, enable_gqa=True)  # (B, H, T, D)
             return self.out_proj(merge_heads(out)), None
@@ -162,7 +190,16 @@ class MultiHeadAttention(nn.Module):
                 weights = None
         return self.out_proj(merge_heads(out)), weights  # (B, T, E)
 
-    def forward(self, query, key=None, value=None, mask=None, *, need_weights: bool = True, cache=None):
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        *,
+        need_weights: bool = True,
+        cache: KVCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``cache`` (an :class:`attnbook.KVCache`) turns on incremental decoding for
         self-attention: only the new tokens in ``query`` are projected, their keys
         and values are appended to the cache, and the queries attend over
@@ -216,3 +253,25 @@ class MultiHeadAttention(nn.Module):
                 new.v_proj.bias.copy_(bv)
                 new.out_proj.bias.copy_(m.out_proj.bias)
         return new
+
+
+def grouped_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention of queries ``q (B, H, T, D)`` over cached keys and values
+    ``(B, Hkv, S, D)`` with H = G * Hkv, query head h using key/value head
+    h // G (as ``repeat_interleave(G, dim=1)``), no mask (in a decoding step the
+    new token may see every cached one). Each key/value head is read once for
+    its G query heads: the G * T queries of a group are stacked into one matrix
+    product. Returns ``(B, H, T, D)``."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            raise ValueError(f"{name} must be a 4-d tensor (B, heads, length, D), got {getattr(x, 'shape', x)}")
+    B, H, T, D = q.shape
+    Hkv = k.shape[1]
+    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D or H % Hkv:
+        raise ValueError(f"k and v must be (B, Hkv, S, D) with Hkv dividing H; got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    G = H // Hkv
+    qg = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D): the queries of one group, head by head
+    scores = qg @ k.transpose(-2, -1) / math.sqrt(D)  # (B, Hkv, G*T, S)
+    out = torch.softmax(scores, dim=-1) @ v  # (B, Hkv, G*T, D)
+    return out.reshape(B, H, T, D)  # (B, H, T, D)

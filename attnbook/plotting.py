@@ -1,30 +1,46 @@
 """Small plotting helpers shared by the chapters and the explorers.
 
 Dimension legend: T query length, S key length, H heads.
-Every helper draws on a matplotlib ``Axes`` it is given (or a new one) and
-returns it, so it works with pyplot in a notebook and with the pyplot-free
-figures the explorers render.
+Every helper draws on a matplotlib ``Axes`` (or ``Figure``) it is given, or a
+new one, so it works with pyplot in a notebook and with the pyplot-free
+figures the explorers render:
+
+* :func:`attention_heatmap`: one (T, S) map, optionally annotated;
+* :func:`heads_grid`: H maps, one axes each;
+* :func:`heads_mosaic`: H maps tiled into one image (one ``imshow`` instead of
+  H axes: what the explorers draw, far faster to update);
+* :func:`log_bars`: horizontal bars on a log axis with a value label each,
+  whose lengths change (the explorers' time and memory bars).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-__all__ = ["attention_heatmap", "heads_grid", "to_numpy"]
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.container import BarContainer
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+
+__all__ = ["attention_heatmap", "heads_grid", "heads_mosaic", "log_bars", "LogBars", "to_numpy"]
 
 
-def to_numpy(x) -> np.ndarray:
+def to_numpy(x: Any) -> np.ndarray:
+    """A tensor (any device, any float dtype) or array-like as a NumPy array (float32 for tensors)."""
     if isinstance(x, torch.Tensor):
         return x.detach().float().cpu().numpy()
     return np.asarray(x)
 
 
 def attention_heatmap(
-    weights,
-    ax=None,
+    weights: Any,
+    ax: Axes | None = None,
     *,
     queries: Sequence[str] | None = None,
     keys: Sequence[str] | None = None,
@@ -33,7 +49,7 @@ def attention_heatmap(
     vmax: float | None = 1.0,
     cmap: str = "viridis",
     colorbar: bool = False,
-):
+) -> Axes:
     """Draw one (T, S) attention map: rows are queries, columns keys.
 
     ``annotate`` writes each weight in its cell (default: when T * S <= 64).
@@ -68,8 +84,8 @@ def attention_heatmap(
     return ax
 
 
-def heads_grid(weights, fig, *, tokens: Sequence[str] | None = None, titles: Sequence[str] | None = None,
-               ncols: int | None = None, vmax: float | None = 1.0):
+def heads_grid(weights: Any, fig: Figure, *, tokens: Sequence[str] | None = None,
+               titles: Sequence[str] | None = None, ncols: int | None = None, vmax: float | None = 1.0) -> np.ndarray:
     """Draw H maps (weights (H, T, S)) on ``fig`` as a grid; returns the axes."""
     w = to_numpy(weights)
     if w.ndim != 3:
@@ -91,3 +107,51 @@ def heads_grid(weights, fig, *, tokens: Sequence[str] | None = None, titles: Seq
             ax.set_xticks([])
             ax.set_yticks([])
     return axes
+
+
+def heads_mosaic(weights: torch.Tensor, ncols: int) -> torch.Tensor:
+    """Tile H maps ``(H, T, S)`` into one ``(rows*(T+1)-1, ncols*(S+1)-1)`` image, NaN between tiles
+    (``imshow`` leaves NaN blank); head ``h`` sits in row ``h // ncols``, column ``h % ncols``."""
+    H, T, S = weights.shape
+    nrows = -(-H // ncols)
+    out = torch.full((nrows * (T + 1) - 1, ncols * (S + 1) - 1), float("nan"))
+    for h in range(H):
+        r, c = divmod(h, ncols)
+        out[r * (T + 1): r * (T + 1) + T, c * (S + 1): c * (S + 1) + S] = weights[h]
+    return out
+
+
+@dataclass
+class LogBars:
+    """Horizontal bars on a log x axis that start at ``lo``, each with a value label after its end
+    (made by :func:`log_bars`). ``set(values, labels)`` moves them; ``artists`` are what changes."""
+
+    bars: BarContainer
+    texts: list[Text]
+    lo: float
+
+    def set(self, values: Sequence[float], labels: Sequence[str]) -> None:
+        """Bar ``i`` ends at ``values[i]`` (at least just past ``lo``, so a log axis can show it), with
+        ``labels[i]`` written after it."""
+        for bar, text, value, label in zip(self.bars, self.texts, values, labels):
+            x = max(value, self.lo * 1.0001)
+            bar.set_width(x - self.lo)
+            text.set_x(x * 1.15)
+            text.set_text(label)
+
+    @property
+    def artists(self) -> list[Any]:
+        return [*self.bars, *self.texts]
+
+
+def log_bars(ax: Axes, ys: Sequence[float], lo: float, hi: float, ticks: Sequence[float], *,
+             color: Any, height: float = 0.6, fontsize: float = 8) -> LogBars:
+    """Bars at heights ``ys`` on ``ax``, whose x axis becomes logarithmic from ``lo`` to ``hi`` with plain
+    tick labels at ``ticks`` (mathtext labels are slow to draw); each bar starts at ``lo``."""
+    bars = ax.barh(ys, [lo * 1.0001] * len(ys), left=lo, color=color, height=height)
+    ax.set_xscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_xticks(list(ticks), labels=[f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+    texts = [ax.text(lo, y, "", va="center", fontsize=fontsize) for y in ys]
+    return LogBars(bars, texts, lo)

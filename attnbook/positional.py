@@ -24,9 +24,13 @@ are added to the scores, and a blocked key holds ``torch.finfo(dtype).min``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
+from torch.types import Device
+
+from ._checks import check_int, check_prob, shape_str
 
 __all__ = [
     "sinusoidal_encoding",
@@ -42,22 +46,12 @@ __all__ = [
 ]
 
 
-def _check_int(name: str, n, minimum: int = 1) -> int:
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"{name} must be an int, got {type(n).__name__}")
-    if n < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {n}")
-    return n
-
-
-def _check_base(base) -> float:
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
+def _check_base(base: object) -> float:
+    if isinstance(base, bool) or not isinstance(base, (int, float)):
+        raise TypeError(f"base must be a number > 1, got {type(base).__name__} {base!r}")
+    if not base > 1:
         raise ValueError(f"base must be a number > 1, got {base!r}")
     return float(base)
-
-
-def _shape(t: torch.Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
 # ---------------------------------------------------------------------------
@@ -65,14 +59,14 @@ def _shape(t: torch.Tensor) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _inverse_frequencies(d_model: int, base: float, dtype: torch.dtype, device=None) -> torch.Tensor:
+def _inverse_frequencies(d_model: int, base: float, dtype: torch.dtype, device: Device = None) -> torch.Tensor:
     """1 / base^(2i / d_model) for the columns 2i = 0, 2, 4, ... < d_model."""
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=device)  # (ceil(E/2),)
     return torch.exp(-math.log(base) * two_i / d_model).to(dtype)
 
 
 def sinusoidal_encoding(
-    max_len: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None, device=None
+    max_len: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None, device: Device = None
 ) -> torch.Tensor:
     """The fixed table ``PE`` of shape ``(max_len, d_model)``::
 
@@ -83,8 +77,8 @@ def sinusoidal_encoding(
     sine. The table is computed in float64 and returned in ``dtype`` (the
     default dtype when None).
     """
-    max_len = _check_int("max_len", max_len)
-    d_model = _check_int("d_model", d_model)
+    max_len = check_int("max_len", max_len)
+    d_model = check_int("d_model", d_model)
     base = _check_base(base)
     dtype = torch.get_default_dtype() if dtype is None else dtype
     pos = torch.arange(max_len, dtype=torch.float64, device=device)  # (max_len,)
@@ -96,7 +90,7 @@ def sinusoidal_encoding(
 
 
 def shift_matrix(
-    k: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None, device=None
+    k: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None, device: Device = None
 ) -> torch.Tensor:
     """The fixed ``(d_model, d_model)`` matrix ``M_k`` with, for every ``pos``,
 
@@ -113,9 +107,8 @@ def shift_matrix(
     linear function of the row ``PE(pos)`` in general, so a ``ValueError`` is
     raised. ``k`` may be negative.
     """
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    d_model = _check_int("d_model", d_model)
+    check_int("k", k, None)
+    d_model = check_int("d_model", d_model)
     if d_model % 2:
         raise ValueError(
             f"shift_matrix needs an even d_model, got d_model={d_model}: the last sine column "
@@ -138,9 +131,8 @@ def _check_embeddings(x: torch.Tensor, d_model: int, max_len: int, offset: int) 
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 3 or x.shape[-1] != d_model:
-        raise ValueError(f"x must be (B, T, {d_model}) (batch-first), got {_shape(x)}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"offset must be an int >= 0, got {offset!r}")
+        raise ValueError(f"x must be (B, T, {d_model}) (batch-first), got {shape_str(x)}")
+    check_int("offset", offset, 0)
     T = x.shape[1]
     if offset + T > max_len:
         raise ValueError(
@@ -168,10 +160,9 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, max_len: int = 5000, dropout: float = 0.0, base: float = 10000.0):
         super().__init__()
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        self.d_model = _check_int("d_model", d_model)
-        self.max_len = _check_int("max_len", max_len)
+        check_prob("dropout", dropout)
+        self.d_model = check_int("d_model", d_model)
+        self.max_len = check_int("max_len", max_len)
         self.base = _check_base(base)
         self.dropout = nn.Dropout(dropout)
         self.register_buffer("pe", sinusoidal_encoding(max_len, d_model, base), persistent=False)
@@ -187,25 +178,34 @@ class SinusoidalPositionalEncoding(nn.Module):
 
 class LearnedPositionalEmbedding(nn.Module):
     """Adds a learned vector per position (BERT, GPT-2): an ``nn.Embedding``
-    with ``max_len`` rows of width ``d_model``, initialised N(0, 0.02^2).
+    with ``max_len`` rows of width ``d_model``, initialised N(0, ``init_std``^2)
+    (0.02 by default; ``init_std=1.0`` keeps ``nn.Embedding``'s own N(0, 1)
+    draw, as the toy models of :mod:`attnbook.tasks` and MiniLM's embeddings do).
 
     ``forward(x, offset=0)`` takes ``x`` ``(B, T, E)`` and returns
     ``dropout(x + P[offset : offset + T])``. Unlike the sinusoidal table it
     cannot extrapolate: ``offset + T > max_len`` raises a ``ValueError``.
     """
 
-    def __init__(self, d_model: int, max_len: int, dropout: float = 0.0):
+    def __init__(self, d_model: int, max_len: int, dropout: float = 0.0, *, init_std: float = 0.02):
         super().__init__()
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        self.d_model = _check_int("d_model", d_model)
-        self.max_len = _check_int("max_len", max_len)
-        self.embedding = nn.Embedding(max_len, d_model)
-        nn.init.normal_(self.embedding.weight, std=0.02)
+        check_prob("dropout", dropout)
+        self.d_model = check_int("d_model", d_model)
+        self.max_len = check_int("max_len", max_len)
+        if not init_std > 0:
+            raise ValueError(f"init_std must be positive, got {init_std!r}")
+        self.embedding = nn.Embedding(max_len, d_model)  # initialised N(0, 1)
+        if init_std != 1.0:
+            nn.init.normal_(self.embedding.weight, std=init_std)
         self.dropout = nn.Dropout(dropout)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, max_len={self.max_len}"
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The table ``P``, ``(max_len, E)``: ``embedding.weight``, as an ``nn.Embedding`` names it."""
+        return self.embedding.weight
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         T = _check_embeddings(x, self.d_model, self.max_len, offset)
@@ -220,8 +220,8 @@ class LearnedPositionalEmbedding(nn.Module):
 
 
 def _check_buckets(bidirectional: bool, num_buckets: int, max_distance: int) -> None:
-    num_buckets = _check_int("num_buckets", num_buckets)
-    max_distance = _check_int("max_distance", max_distance)
+    num_buckets = check_int("num_buckets", num_buckets)
+    max_distance = check_int("max_distance", max_distance)
     half = num_buckets // 2 if bidirectional else num_buckets
     if bidirectional and num_buckets % 2:
         raise ValueError(f"bidirectional buckets need an even num_buckets (half per direction), got {num_buckets}")
@@ -292,7 +292,7 @@ class RelativePositionBias(nn.Module):
 
     def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True):
         super().__init__()
-        self.num_heads = _check_int("num_heads", num_heads)
+        self.num_heads = check_int("num_heads", num_heads)
         _check_buckets(bidirectional, num_buckets, max_distance)
         self.num_buckets = num_buckets
         self.max_distance = max_distance
@@ -307,8 +307,8 @@ class RelativePositionBias(nn.Module):
         )
 
     def forward(self, T: int, S: int | None = None) -> torch.Tensor:
-        T = _check_int("T", T)
-        S = T if S is None else _check_int("S", S)
+        T = check_int("T", T)
+        S = T if S is None else check_int("S", S)
         device = self.embedding.weight.device
         query_pos = torch.arange(T, device=device) + (S - T)  # (T,)
         key_pos = torch.arange(S, device=device)  # (S,)
@@ -323,7 +323,7 @@ class RelativePositionBias(nn.Module):
 # ---------------------------------------------------------------------------
 
 
-def apply_rotary(x: torch.Tensor, positions=None, *, base: float = 10000.0, interleaved: bool = False) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, positions: torch.Tensor | Sequence[float] | None = None, *, base: float = 10000.0, interleaved: bool = False) -> torch.Tensor:
     """Rotate pairs of features of ``x`` ``(..., T, D)`` by position-dependent angles.
 
     Pair ``i`` (``i = 0 .. D/2 - 1``) of the token at position ``m`` is rotated
@@ -351,11 +351,11 @@ def apply_rotary(x: torch.Tensor, positions=None, *, base: float = 10000.0, inte
     if not x.dtype.is_floating_point:
         raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
     if x.dim() < 2:
-        raise ValueError(f"x must be (..., T, D), got shape {_shape(x)}")
+        raise ValueError(f"x must be (..., T, D), got shape {shape_str(x)}")
     T, D = x.shape[-2], x.shape[-1]
     if D % 2:
         raise ValueError(
-            f"RoPE rotates pairs of features, so the head dim D must be even; got D={D} (x is {_shape(x)})"
+            f"RoPE rotates pairs of features, so the head dim D must be even; got D={D} (x is {shape_str(x)})"
         )
     base = _check_base(base)
     work = torch.promote_types(x.dtype, torch.float32)
@@ -387,7 +387,7 @@ def apply_rotary(x: torch.Tensor, positions=None, *, base: float = 10000.0, inte
     return out.to(x.dtype)
 
 
-def rotary_permutation(D: int, *, inverse: bool = False, device=None) -> torch.Tensor:
+def rotary_permutation(D: int, *, inverse: bool = False, device: Device = None) -> torch.Tensor:
     """Index permutation (int64, length D) between the two RoPE pairings.
 
     ``perm = [0, 2, 4, ..., D-2, 1, 3, ..., D-1]`` takes the interleaved layout to
@@ -400,7 +400,7 @@ def rotary_permutation(D: int, *, inverse: bool = False, device=None) -> torch.T
     checkpoint from one convention to the other; scores are unchanged because
     a dot product does not care about the order of the features.
     """
-    D = _check_int("D", D)
+    D = check_int("D", D)
     if D % 2:
         raise ValueError(f"RoPE pairs features, so D must be even; got D={D}")
     perm = torch.cat((torch.arange(0, D, 2, device=device), torch.arange(1, D, 2, device=device)))  # (D,)
@@ -416,7 +416,7 @@ def _slopes_power_of_two(n: int) -> list[float]:
     return [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
 
 
-def alibi_slopes(num_heads: int, *, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+def alibi_slopes(num_heads: int, *, dtype: torch.dtype = torch.float32, device: Device = None) -> torch.Tensor:
     """The per-head slopes ``(H,)`` of ALiBi.
 
     For ``H`` a power of two: ``2^(-8 i / H)`` for ``i = 1 .. H`` (8 heads:
@@ -425,7 +425,7 @@ def alibi_slopes(num_heads: int, *, dtype: torch.dtype = torch.float32, device=N
     every other slope (``[0::2]``) of the ``2n``-head sequence, as in the ALiBi
     authors' reference code.
     """
-    num_heads = _check_int("num_heads", num_heads)
+    num_heads = check_int("num_heads", num_heads)
     n = 2 ** int(math.floor(math.log2(num_heads)))
     slopes = _slopes_power_of_two(n)
     if n < num_heads:
@@ -440,7 +440,7 @@ def alibi_bias(
     *,
     causal: bool = True,
     dtype: torch.dtype = torch.float32,
-    device=None,
+    device: Device = None,
 ) -> torch.Tensor:
     """ALiBi's float bias ``(H, T, S)``: ``-slope_h * distance``, to pass as the
     float ``mask`` of :func:`attnbook.scaled_dot_product_attention` (it
@@ -458,9 +458,9 @@ def alibi_bias(
     variant, not in the paper). Pass the ``dtype`` of the scores (e.g.
     ``torch.float16``) so the blocked value is that dtype's minimum.
     """
-    num_heads = _check_int("num_heads", num_heads)
-    T = _check_int("T", T)
-    S = T if S is None else _check_int("S", S)
+    num_heads = check_int("num_heads", num_heads)
+    T = check_int("T", T)
+    S = T if S is None else check_int("S", S)
     if causal and S < T:
         raise ValueError(
             f"a causal ALiBi bias puts the T={T} queries at the last T of the S={S} key positions, so it needs S >= T"

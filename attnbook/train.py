@@ -18,12 +18,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.types import Device
 from tqdm.auto import tqdm
 
-from .core import default_device
+from ._checks import check_int
+from ._compat import default_device
 from .tasks import Task
 
 __all__ = ["History", "Alignment", "fit", "evaluate", "predict", "attention_alignment"]
@@ -77,7 +80,7 @@ class Alignment:
         return f"Alignment(best layer {self.layer}, head {self.head}: {self.score:.3f})"
 
 
-def _check_model(model, *methods: str) -> None:
+def _check_model(model: object, *methods: str) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     for m in methods:
@@ -85,14 +88,15 @@ def _check_model(model, *methods: str) -> None:
             raise TypeError(f"{type(model).__name__} has no {m}() method; use a model from attnbook.tasks")
 
 
-def _check_task(task) -> None:
+def _check_task(task: object) -> None:
     if not isinstance(task, Task):
         raise TypeError(f"task must be an attnbook.tasks.Task (e.g. copy_task()), got {type(task).__name__}")
 
 
-def _check_count(name: str, val, minimum: int = 1) -> None:
-    if isinstance(val, bool) or not isinstance(val, int) or val < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {val!r}")
+def _toy(model: nn.Module) -> Any:
+    """``model`` for calling the methods a toy model adds (``loss``, ``generate``, ``source_attention``),
+    which ``nn.Module``'s type does not know; :func:`_check_model` has checked that they exist."""
+    return model
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -111,7 +115,7 @@ def predict(model: nn.Module, task: Task, src: torch.Tensor) -> torch.Tensor:
     was_training = model.training
     model.eval()
     try:
-        out = model.generate(src.to(_model_device(model)), L)  # (B, <= L)
+        out = _toy(model).generate(src.to(_model_device(model)), L)  # (B, <= L)
     finally:
         model.train(was_training)
     if out.shape[1] < L:
@@ -134,8 +138,8 @@ def evaluate(
     answer token and the final EOS are right."""
     _check_model(model, "generate")
     _check_task(task)
-    _check_count("n", n)
-    _check_count("batch_size", batch_size)
+    check_int("n", n)
+    check_int("batch_size", batch_size)
     src, tgt = task.batch(n, seed=seed, split=split)
     correct = 0
     for i in range(0, n, batch_size):
@@ -163,7 +167,7 @@ def fit(
     warmup: int = 50,
     min_lr_factor: float = 0.1,
     clip_grad: float | None = 1.0,
-    device=None,
+    device: Device = None,
     seed: int = 0,
     eval_every: int | None = None,
     eval_n: int = 200,
@@ -194,10 +198,10 @@ def fit(
     """
     _check_model(model, "loss", "generate")
     _check_task(task)
-    _check_count("steps", steps)
-    _check_count("batch_size", batch_size)
-    _check_count("warmup", warmup, 0)
-    _check_count("eval_n", eval_n)
+    check_int("steps", steps)
+    check_int("batch_size", batch_size)
+    check_int("warmup", warmup, 0)
+    check_int("eval_n", eval_n)
     if not lr > 0:
         raise ValueError(f"lr must be positive, got {lr!r}")
     if clip_grad is not None and not clip_grad > 0:
@@ -205,7 +209,7 @@ def fit(
     if not 0.0 <= min_lr_factor <= 1.0:
         raise ValueError(f"min_lr_factor must be in [0, 1], got {min_lr_factor!r}")
     eval_every = max(1, steps // 10) if eval_every is None else eval_every
-    _check_count("eval_every", eval_every)
+    check_int("eval_every", eval_every)
 
     device = default_device() if device is None else torch.device(device)
     model.to(device)
@@ -219,7 +223,7 @@ def fit(
     for step in bar:
         model.train()
         src, tgt = task.batch(batch_size, generator=generator, device=device)
-        loss = model.loss(src, tgt)
+        loss = _toy(model).loss(src, tgt)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if clip_grad is not None:
@@ -254,7 +258,7 @@ def attention_alignment(model: nn.Module, task: Task, n: int = 256, seed: int = 
     examples. Returns the per-layer, per-head scores and the best head."""
     _check_model(model, "source_attention")
     _check_task(task)
-    _check_count("n", n)
+    check_int("n", n)
     src, tgt = task.batch(n, seed=seed, split="test")
     expected = task.alignment_targets(src, tgt).float()  # (B, L, S)
     rows = expected.sum(-1) > 0  # (B, L): target tokens with an expected position
@@ -264,15 +268,14 @@ def attention_alignment(model: nn.Module, task: Task, n: int = 256, seed: int = 
     model.eval()
     try:
         device = _model_device(model)
-        per_layer = model.source_attention(src.to(device), tgt.to(device))  # [(B, H, L, S)]
+        per_layer = _toy(model).source_attention(src.to(device), tgt.to(device))  # [(B, H, L, S)]
     finally:
         model.train(was_training)
-    scores = []
+    shares = []
     for w in per_layer:
         on_target = (w.cpu().float() * expected[:, None]).sum(-1)  # (B, H, L)
-        share = (on_target * rows[:, None]).sum(dim=(0, 2)) / rows.sum()  # (H,)
-        scores.append(share)
-    scores = torch.stack(scores)  # (num_layers, H)
+        shares.append((on_target * rows[:, None]).sum(dim=(0, 2)) / rows.sum())  # (H,)
+    scores = torch.stack(shares)  # (num_layers, H)
     best = int(scores.argmax())
     layer, head = divmod(best, scores.shape[1])
     return Alignment(scores, layer, head, float(scores[layer, head]))

@@ -17,10 +17,13 @@ Dimension legend: B batch (1), H heads (2), T sequence length, D head dim (32).
     Linux, else ru_maxrss) (goal <= 1/10), and its time against the naive
     path (goal <= 2x).
 
-Times are medians over interleaved repeats (every case once per round, so a
-load spike on this shared machine hits all cases alike) after one warm-up
-call, under ``torch.no_grad()``. Results are printed as a table and written to
-bench/results/efficient.json.
+Every case is a variant of ``attnbook.efficient.REGISTRY`` run by
+``attnbook.efficient.attention_call`` on ``attnbook.efficient.make_inputs(T)``
+(:data:`CASES`). Times are medians over interleaved repeats (every case once per
+round, so a load spike on this shared machine hits all cases alike) after one
+warm-up call, under ``torch.no_grad()`` (``attnbook.measure.time_calls``). Peak
+RSS growth is ``attnbook.measure.peak_rss_growth``. Results are printed as a
+table and written to bench/results/efficient.json.
 """
 
 from __future__ import annotations
@@ -28,19 +31,32 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import resource
-import statistics
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "efficient.json"
 B, H, D, WINDOW = 1, 2, 32, 64
+FLASH_BLOCK = 128  # flash_attention's default tile size
+
+# case name (the keys of efficient.json and of bench/report.py's tables) -> (registry variant, causal, window)
+CASES = {
+    "sdpa": ("pytorch", False, WINDOW),
+    "sdpa_causal": ("pytorch", True, WINDOW),
+    "sliding_window": ("sliding window", False, WINDOW),
+    "sliding_window_causal": ("sliding window", True, WINDOW),
+    "linear": ("linear", False, WINDOW),
+    "linear_causal": ("linear", True, WINDOW),
+    "naive": ("exact", False, WINDOW),
+    "flash": ("flash", False, FLASH_BLOCK),
+    "flash_causal": ("flash", True, FLASH_BLOCK),
+}
 
 
-def _setup(threads: int):
+def setup(threads: int):
+    """Make ``attnbook`` importable from the repository and set torch's thread count (0: torch's default)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     import torch
@@ -50,104 +66,37 @@ def _setup(threads: int):
     return torch
 
 
-def _inputs(torch, T: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(B, H, T, D, generator=g) for _ in range(3))  # (B, H, T, D) each
+def cases(T: int, names=CASES) -> dict[str, Callable[[], object]]:
+    """Case name -> zero-argument callable, for one sequence length (the same inputs for all)."""
+    from attnbook.efficient import attention_call, make_inputs
+
+    q, k, v = make_inputs(T, B=B, H=H, D=D)  # (B, H, T, D) each
+    return {name: attention_call(variant, q, k, v, window, causal=causal)
+            for name, (variant, causal, window) in ((n, CASES[n]) for n in names)}
 
 
-def _cases(torch, T: int):
-    """name -> zero-argument callable, for one sequence length."""
-    import torch.nn.functional as F
-
-    from attnbook import scaled_dot_product_attention
-    from attnbook.efficient import flash_attention, linear_attention, sliding_window_attention
-
-    q, k, v = _inputs(torch, T)
-    return {
-        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
-        "sdpa_causal": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-        "sliding_window": lambda: sliding_window_attention(q, k, v, WINDOW),
-        "sliding_window_causal": lambda: sliding_window_attention(q, k, v, WINDOW, causal=True),
-        "linear": lambda: linear_attention(q, k, v),
-        "linear_causal": lambda: linear_attention(q, k, v, causal=True),
-        "naive": lambda: scaled_dot_product_attention(q, k, v)[0],
-        "flash": lambda: flash_attention(q, k, v),
-        "flash_causal": lambda: flash_attention(q, k, v, causal=True),
-    }
-
-
-def _time_interleaved(torch, plan: list[tuple[str, object]], repeats: int) -> dict[str, float]:
+def time_cases(plan: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
     """Median seconds per case; every case runs once per round, after one warm-up call."""
-    samples: dict[str, list[float]] = {name: [] for name, _ in plan}
-    with torch.no_grad():
-        for _, fn in plan:
-            fn()
-        for _ in range(repeats):
-            for name, fn in plan:
-                t0 = time.perf_counter()
-                fn()
-                samples[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in samples.items()}
+    from attnbook.measure import time_calls
 
-
-def _status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _reset_peak_rss() -> bool:
-    """Linux: reset the peak RSS (VmHWM) to the current RSS (``echo 5 > /proc/self/clear_refs``)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return _status_kib("VmHWM") is not None
+    return time_calls(plan, repeats, slow_s=None, reduce="median")
 
 
 def _measure_memory_child(method: str, T: int, threads: int) -> None:
     """Run in a fresh process: print how far one call raises the peak RSS above
-    the RSS just before it (bytes).
+    the RSS just before it (bytes), with ``attnbook.measure.peak_rss_growth``."""
+    torch = setup(threads)
+    from attnbook.measure import peak_rss_growth
 
-    On Linux the peak is reset first, so the growth is VmHWM after the call
-    minus VmRSS before it. Elsewhere it is the growth of ``ru_maxrss``, which
-    can under-count: memory freed before the call (imports) may be reused.
-    """
-    torch = _setup(threads)
-    from attnbook import scaled_dot_product_attention
-    from attnbook.efficient import flash_attention
-
-    fns = {
-        "naive": lambda q, k, v: scaled_dot_product_attention(q, k, v)[0],
-        "flash": lambda q, k, v: flash_attention(q, k, v),
-    }
-    fn = fns[method]
     with torch.no_grad():
-        fn(*_inputs(torch, 256, seed=1))  # warm up: thread pools, kernels, allocator
-        q, k, v = _inputs(torch, T)
-        if _reset_peak_rss():
-            how = "VmHWM after - VmRSS before (peak reset via /proc/self/clear_refs)"
-            before = _status_kib("VmRSS")
-            out = fn(q, k, v)
-            after = _status_kib("VmHWM")
-        else:
-            how = "ru_maxrss after - before"
-            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            out = fn(q, k, v)
-            after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            if sys.platform == "darwin":  # bytes there, KiB on Linux
-                before, after = before / 1024, after / 1024
-    assert out.shape == (B, H, T, D)
-    print(json.dumps({"method": method, "peak_growth_bytes": int((after - before) * 1024), "how": how}))
+        cases(256, [method])[method]()  # warm up: thread pools, kernels, allocator
+        fn = cases(T, [method])[method]
+        growth, how = peak_rss_growth(fn)
+    print(json.dumps({"method": method, "peak_growth_bytes": int(growth), "how": how}))
 
 
-def _measure_memory(method: str, T: int, threads: int) -> dict:
+def measure_memory(method: str, T: int, threads: int) -> dict:
+    """Peak RSS growth of one call of case ``method`` ("naive" or "flash") at ``T``, in a fresh process."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--_memory-child", method, "--T", str(T)]
     cmd += ["--threads", str(threads)]
     res = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -176,7 +125,7 @@ def main(argv=None) -> int:
         _measure_memory_child(args.memory_child, args.T, args.threads)
         return 0
 
-    torch = _setup(args.threads)
+    torch = setup(args.threads)
     t_small, t_large = (512, 2048) if args.quick else (2048, 8192)
     repeats = args.repeats or (5 if args.quick else 15)
     big_repeats = max(1, min(repeats, 3))  # the naive (T, T) path takes seconds per call
@@ -186,21 +135,21 @@ def main(argv=None) -> int:
         flush=True,
     )
 
-    small, large = _cases(torch, t_small), _cases(torch, t_large)
+    small, large = cases(t_small), cases(t_large)
     variants = ["sliding_window", "sliding_window_causal", "linear", "linear_causal"]
-    plan = [(f"{n}@{t_small}", small[n]) for n in variants]
-    plan += [(f"{n}@{t_large}", large[n]) for n in variants + ["sdpa", "sdpa_causal"]]
-    times = _time_interleaved(torch, plan, repeats)
+    plan = {f"{n}@{t_small}": small[n] for n in variants}
+    plan.update({f"{n}@{t_large}": large[n] for n in variants + ["sdpa", "sdpa_causal"]})
+    times = time_cases(plan, repeats)
     print("timed (a)", flush=True)
-    big = [(f"{n}@{t_large}", large[n]) for n in ("naive", "flash", "flash_causal")]
-    times.update(_time_interleaved(torch, big, big_repeats))
+    big = {f"{n}@{t_large}": large[n] for n in ("naive", "flash", "flash_causal")}
+    times.update(time_cases(big, big_repeats))
     print("timed (b)", flush=True)
 
-    measured = {m: _measure_memory(m, t_large, args.threads) for m in ("naive", "flash")}
+    measured = {m: measure_memory(m, t_large, args.threads) for m in ("naive", "flash")}
     mem = {m: r["peak_growth_bytes"] for m, r in measured.items()}
     analytic = {  # float32 bytes of the largest score tensor each path holds
         "naive": B * H * t_large * t_large * 4,
-        "flash": B * H * t_large * 128 * 4,
+        "flash": B * H * t_large * FLASH_BLOCK * 4,
     }
 
     rows = []  # (name, value, goal, target, note)
@@ -260,7 +209,7 @@ def main(argv=None) -> int:
                 "threads": torch.get_num_threads(),
                 "rounds": repeats,
                 "rounds_naive_flash": big_repeats,
-                "flash_block_size": 128,
+                "flash_block_size": FLASH_BLOCK,
                 "torch": torch.__version__,
                 "python": platform.python_version(),
                 "machine": platform.machine(),

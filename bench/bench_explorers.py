@@ -6,9 +6,13 @@ move a control, recompute, redraw, encode the PNG the Image widget shows.
 Goal: under 100 ms per update (printed as the ratio median / 100 ms; < 1 meets it).
 Also prints how long the static scrubber (all frames) takes to render.
 Writes bench/results/explorers.json.
+
+Timing: ``attnbook.measure.time_samples`` (one warm-up pass over the values, then
+``--repeat`` interleaved passes; the median of every update).
 """
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -19,31 +23,27 @@ from pathlib import Path
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attnbook import widgets as W  # noqa: E402
+from attnbook.explorers import heads, masks, positions, saturation  # noqa: E402
+from attnbook.measure import time_samples  # noqa: E402
 
 GOAL_MS = 100.0
 
-# the control each benchmark moves, and the values it cycles through
+# the control each benchmark moves, and the values it cycles through (keys: the names in explorers.json)
 CASES = {
-    "saturation_explorer": (W.saturation_explorer, "d_k", W.DK_VALUES),
-    "head_explorer": (W.head_explorer, "num_heads", [1, 2, 4, 8, 16, 32]),
-    "mask_explorer": (W.mask_explorer, "kind", W.MASK_KINDS),
-    "position_explorer": (W.position_explorer, "kind", W.POSITION_KINDS),
+    "saturation_explorer": (saturation.saturation_explorer, "d_k", saturation.DK_VALUES),
+    "head_explorer": (heads.heads_explorer, "num_heads", [1, 2, 4, 8, 16, 32]),
+    "mask_explorer": (masks.masks_explorer, "kind", masks.MASK_KINDS),
+    "position_explorer": (positions.positions_explorer, "kind", positions.POSITION_KINDS),
 }
 
 
 def bench(factory, control, values, repeat):
     ex = factory()
     widget = ex.widget  # build the live UI: updates then refresh the Image widget too
-    slider = ex._controls_w[control]
-    for v in values:  # warm-up: caches, fonts, first figure
-        slider.value = v
-    times = []
-    for _ in range(repeat):
-        for v in values:
-            t = time.perf_counter()
-            slider.value = v
-            times.append(time.perf_counter() - t)
+    slider = ex.control_widgets[control]
+    moves = {v: functools.partial(setattr, slider, "value", v) for v in values}  # one update each
+    samples = time_samples(moves, repeat, slow_s=None)
+    times = [t for ts in samples.values() for t in ts]
     t = time.perf_counter()
     ex.static_html()
     static_s = time.perf_counter() - t

@@ -10,14 +10,14 @@ What it does, in order:
 1. runs the goals of ``bench/bench_efficient.py`` (its ``main``; ``--quick`` and
    ``--threads`` are passed on), which writes ``bench/results/efficient.json``;
    ``--skip-goals`` reuses the JSON already there;
-2. times every case of ``bench_efficient._cases`` at several T with its
-   ``_time_interleaved`` (median of interleaved rounds after a warm-up), plus
-   the other variants of chapter 8 (block sparse, Performer, LSH) built by
-   :func:`attnbook.efficient_explorer.attention_call` on the same inputs;
+2. times every case of ``bench_efficient.cases`` at several T with
+   ``bench_efficient.time_cases`` (median of interleaved rounds after a warm-up), plus
+   the other variants of chapter 8 (block sparse, Performer, LSH) from the same
+   registry (:func:`attnbook.efficient.attention_call`) on the same inputs;
    peak memory is tracked for every case
-   (:func:`attnbook.efficient_explorer.tracked_memory`: every tensor PyTorch
+   (:func:`attnbook.measure.tracked_memory`: every tensor PyTorch
    allocates, deterministic) and, for the naive and flash paths, also measured
-   as the peak RSS growth of a fresh process (``bench_efficient._measure_memory``);
+   as the peak RSS growth of a fresh process (``bench_efficient.measure_memory``);
 3. reads ``bench/results/explorers.json`` (written by ``bench/bench_explorers.py``)
    and, when present, ``bench/results/tasks.json`` (``bench/bench_tasks.py``);
 4. writes ``benchmarks.md`` (top level, part of the book) and
@@ -63,27 +63,28 @@ STYLE = {  # case -> (label, color, line style)
 SLOW = ("naive", "flash", "flash_causal")  # seconds per call at the largest T: fewer rounds
 
 
-def sweep(torch, t_values: list[int], repeats: int, threads: int, progress=print) -> dict:
+def sweep(t_values: list[int], repeats: int, threads: int, progress=print) -> dict:
     """Times (s), tracked peaks (bytes) for every case at every T; RSS peaks for naive and flash."""
-    from attnbook.efficient_explorer import attention_call, tracked_memory
+    from attnbook.efficient import attention_call, make_inputs
+    from attnbook.measure import tracked_memory
 
     times: dict[str, dict[int, float]] = {}
     tracked: dict[str, dict[int, int]] = {}
     rss: dict[str, dict[int, int]] = {"naive": {}, "flash": {}}
     for T in t_values:
-        cases = dict(be._cases(torch, T))
-        q, k, v = be._inputs(torch, T)
+        cases = be.cases(T)
+        q, k, v = make_inputs(T, B=be.B, H=be.H, D=be.D)  # the inputs be.cases uses
         for name in EXTRA:
             cases[name] = attention_call(name, q, k, v, be.WINDOW)
-        fast = [(n, fn) for n, fn in cases.items() if n not in SLOW]
-        slow = [(n, cases[n]) for n in SLOW]
-        measured = be._time_interleaved(torch, fast, repeats)
-        measured.update(be._time_interleaved(torch, slow, repeats if T <= 2048 else 2))
+        fast = {n: fn for n, fn in cases.items() if n not in SLOW}
+        slow = {n: cases[n] for n in SLOW}
+        measured = be.time_cases(fast, repeats)
+        measured.update(be.time_cases(slow, repeats if T <= 2048 else 2))
         for name, fn in cases.items():
             times.setdefault(name, {})[T] = measured[name]
             tracked.setdefault(name, {})[T] = tracked_memory(fn)["peak_bytes"]
         for name in rss:
-            rss[name][T] = be._measure_memory(name, T, threads)["peak_growth_bytes"]
+            rss[name][T] = be.measure_memory(name, T, threads)["peak_growth_bytes"]
         progress(f"  T = {T}: timed and tracked {len(cases)} cases", flush=True)
     return {"times": times, "tracked": tracked, "rss": rss}
 
@@ -135,7 +136,7 @@ def _fmt_ms(s: float) -> str:
 
 
 def _when(t_values, cost, ref) -> str:
-    from attnbook.efficient_explorer import crossover
+    from attnbook.measure import crossover
 
     x = crossover(t_values, cost, ref)
     if x is None:
@@ -182,7 +183,7 @@ def render(eff: dict, data: dict, t_values: list[int], images: list[str], explor
     L.append(
         f"Every case at T = {', '.join(map(str, t_values))} (B=1, H=2, D=32), the same inputs for all; time is the "
         "median of interleaved rounds after a warm-up call. Memory is the peak of the bytes of all tensors alive "
-        "at once, tracked operator by operator (`attnbook.efficient_explorer.tracked_memory`, deterministic; "
+        "at once, tracked operator by operator (`attnbook.measure.tracked_memory`, deterministic; "
         "scratch memory inside a C++ kernel is invisible to it); for the naive and flash paths it is also measured "
         "as the growth of a fresh process's peak RSS (the crosses). See chapter 8 for what each variant computes."
     )
@@ -206,7 +207,7 @@ def render(eff: dict, data: dict, t_values: list[int], images: list[str], explor
     L += _table(["case"] + [f"T={T}" for T in t_values], rows)
 
     L += ["Where each variant becomes cheaper than the exact paths, from the numbers above (the smallest measured T "
-          "from which on it stays cheaper, interpolated on log-log axes; `attnbook.efficient_explorer.crossover`):", ""]
+          "from which on it stays cheaper, interpolated on log-log axes; `attnbook.measure.crossover`):", ""]
     rows = []
     for n in names:
         if n in ("naive", "sdpa", "sdpa_causal"):
@@ -274,11 +275,11 @@ def main(argv=None) -> int:
             return rc
     eff = json.loads((RESULTS / "efficient.json").read_text())
 
-    torch = be._setup(args.threads)
+    torch = be.setup(args.threads)
     t_values = [256, 512, 1024, 2048] if args.quick else [512, 1024, 2048, 4096, 8192]
     repeats = 3 if args.quick else 5
     print(f"2/3 sweep over T = {t_values}, {repeats} rounds", flush=True)
-    data = sweep(torch, t_values, repeats, args.threads)
+    data = sweep(t_values, repeats, args.threads)
     images = plot(data, t_values)
 
     print("3/3 page", flush=True)

@@ -10,12 +10,13 @@ Skips when Chromium or playwright is missing, except under CI=true, where it fai
 import functools
 import http.server
 import os
-import re
 import shutil
 import threading
 from pathlib import Path
 
 import pytest
+
+from tools.bookfiles import toc_files
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
@@ -23,7 +24,7 @@ SHOTS = ROOT / "_build" / "screenshots"
 CHROMIUM = os.environ.get("ATTNBOOK_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-PAGES = [f for f in re.findall(r"file:\s*(\S+)", (ROOT / "_toc.yml").read_text(encoding="utf-8"))]
+PAGES = toc_files()
 
 pytestmark = pytest.mark.browser
 
@@ -130,8 +131,8 @@ def _explorer_pages():
 
 def test_chapter_2_has_an_explorer():
     ch2 = "chapters/02_scaled_dot_product"
-    if ch2 in PAGES:
-        assert ch2 in _explorer_pages(), "chapter 2 must show the saturation explorer"
+    assert ch2 in PAGES, f"{ch2} is not in _toc.yml: the book lost the page of the saturation explorer"
+    assert ch2 in _explorer_pages(), "chapter 2 must show the saturation explorer"
 
 
 @pytest.mark.parametrize("doc", _explorer_pages())

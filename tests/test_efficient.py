@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.overrides import TorchFunctionMode
 
 from attnbook import scaled_dot_product_attention
 from attnbook.efficient import (
@@ -33,6 +32,7 @@ from attnbook.efficient import (
     sliding_window_attention,
 )
 from attnbook.masks import causal_mask, sliding_window_mask
+from attnbook.measure import TensorMemoryTracker
 
 
 def rand(*shape, seed=0, dtype=torch.float64, scale=1.0):
@@ -50,19 +50,14 @@ def qkv(B, H, T, D, S=None, Dv=None, seed=0, dtype=torch.float64):
     )
 
 
-class LargestTensor(TorchFunctionMode):
-    """Records the largest number of elements of any tensor a torch function returns."""
+def largest_tensor_bytes(fn) -> int:
+    """Bytes of the largest tensor storage ``fn()`` allocates (attnbook.measure.TensorMemoryTracker)."""
+    with TensorMemoryTracker() as probe:
+        fn()
+    return probe.largest
 
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
+F32 = 4  # bytes per float32 element: the bounds below count elements
 
 
 # ----------------------------------------------------------------------------- sliding window
@@ -135,9 +130,8 @@ def test_sliding_window_gradients_equal_exact(causal):
 def test_sliding_window_never_builds_t_by_t():
     T, window = 1024, 8
     q, k, v = qkv(1, 1, T, 4, dtype=torch.float32)
-    with LargestTensor() as probe:
-        sliding_window_attention(q, k, v, window)
-    assert probe.largest < T * T // 8  # a band is T * (block + 2 * window) = T * 48
+    largest = largest_tensor_bytes(lambda: sliding_window_attention(q, k, v, window))
+    assert largest < T * T // 8 * F32  # a band is T * (block + 2 * window) = T * 48
 
 
 def test_sliding_window_errors():
@@ -227,9 +221,8 @@ def test_block_sparse_gradients_and_size():
         torch.testing.assert_close(a.grad, b.grad)
     T = 1024
     q, k, v = qkv(1, 1, T, 4, dtype=torch.float32)
-    with LargestTensor() as probe:
-        block_sparse_attention(q, k, v, 32)
-    assert probe.largest < T * T // 4  # global rows: 32 * T; others: T * 6 blocks * 32
+    largest = largest_tensor_bytes(lambda: block_sparse_attention(q, k, v, 32))
+    assert largest < T * T // 4 * F32  # global rows: 32 * T; others: T * 6 blocks * 32
 
 
 def test_block_sparse_errors():
@@ -292,9 +285,8 @@ def test_linear_attention_memory_is_linear():
     T = 2048
     q, k, v = qkv(1, 1, T, 8, dtype=torch.float32)
     for causal, method in ((False, "chunkwise"), (True, "chunkwise"), (True, "cumsum")):
-        with LargestTensor() as probe:
-            linear_attention(q, k, v, causal=causal, chunk_size=32, method=method)
-        assert probe.largest <= T * 9  # inputs (+ a column of ones) and per-chunk tensors; never T * T
+        largest = largest_tensor_bytes(lambda c=causal, m=method: linear_attention(q, k, v, causal=c, chunk_size=32, method=m))
+        assert largest <= T * 9 * F32  # inputs (+ a column of ones) and per-chunk tensors; never T * T
 
 
 def test_linear_attention_errors():
@@ -505,9 +497,9 @@ def test_flash_gradients_equal_exact(causal):
 def test_flash_memory_is_tiles():
     T, bs = 1024, 64
     q, k, v = qkv(1, 1, T, 8, dtype=torch.float32)
-    with LargestTensor() as probe, torch.no_grad():
-        flash_attention(q, k, v, block_size=bs)
-    assert probe.largest <= T * bs  # one key block against every query block: T * bs scores, not T * T
+    with torch.no_grad():
+        largest = largest_tensor_bytes(lambda: flash_attention(q, k, v, block_size=bs))
+    assert largest <= T * bs * F32  # one key block against every query block: T * bs scores, not T * T
 
 
 def test_flash_errors():
@@ -520,3 +512,36 @@ def test_flash_errors():
         flash_attention(q, rand(1, 1, 8, 5), v)
     with pytest.raises(TypeError, match="share one dtype"):
         flash_attention(q, k.float(), v)
+
+
+# ----------------------------------------------------------------------------- the registry
+
+
+def test_registry_says_what_each_variant_is():
+    from attnbook.efficient import REGISTRY, attention_call, make_inputs, variant
+
+    T, W = 96, 16
+    q, k, v = make_inputs(T, D=8, dtype=torch.float64)
+    patterns = {"sliding window": sliding_window_mask(T, W), "block sparse": bigbird_pattern(T, W)}
+    assert list(REGISTRY)[:2] == ["exact", "pytorch"]  # the references first
+    for name, var in REGISTRY.items():
+        assert var.name == name and variant(name) is var
+        out = attention_call(name, q, k, v, W)()
+        assert out.shape == (1, 2, T, 8)
+        exact, _ = scaled_dot_product_attention(q, k, v, patterns.get(name))  # (B, H, T, D) under its pattern
+        if var.exact:
+            torch.testing.assert_close(out, exact)
+        else:
+            assert (out - exact).abs().max() > 1e-3, f"{name} is marked approximate but equals exact attention"
+        assert (var.window is None) == (name in ("exact", "pytorch", "linear", "performer"))
+        assert var.scores_pairs == (name not in ("linear", "performer"))
+        if var.causal:
+            out = attention_call(name, q, k, v, W, causal=True)()
+            if var.exact:
+                mask = causal_mask(T) if name not in patterns else sliding_window_mask(T, W, causal=True)
+                torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, mask)[0])
+        else:
+            with pytest.raises(ValueError, match="no causal form"):
+                attention_call(name, q, k, v, W, causal=True)
+    with pytest.raises(ValueError, match=r"variant must be one of \('exact', 'pytorch'"):
+        variant("dense")

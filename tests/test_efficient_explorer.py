@@ -1,39 +1,47 @@
-"""attnbook.efficient_explorer without a browser: the pair pictures against the masks
-and against what the attention code really weights, the memory tracker, the
-crossover arithmetic, and the explorer's data, figure and static frames.
+"""attnbook.explorers.efficient without a browser: the pair pictures against the masks
+and against what the attention code really weights, the variant registry, the
+memory tracker and the crossover arithmetic of attnbook.measure, and the
+explorer's data, figure and static frames.
 
 Dimension legend: B batch, H heads, T sequence length, D head dim.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
 
-from attnbook import efficient_explorer as ee
-from attnbook.efficient import bigbird_pattern, block_sparse_attention, lsh_attention, sliding_window_attention
-from attnbook.explorer import figure_png
+from attnbook.efficient import (
+    attention_call,
+    bigbird_pattern,
+    block_sparse_attention,
+    lsh_attention,
+    lsh_n_buckets,
+    make_inputs,
+    sliding_window_attention,
+)
+from attnbook.explorers import efficient as ee
+from attnbook.explorers.base import figure_png
 from attnbook.masks import sliding_window_mask
+from tests.pixels import assert_blit_matches_full_render, assert_shows_something
 
 SMALL = dict(t_values=(64, 128, 256), windows=(8, 16), static_t=(64, 256), static_windows=(16,), rounds=1, resolution=64)
 
 
 @pytest.fixture(scope="module")
 def explorer():
-    return ee.sequence_explorer(**SMALL)
+    return ee.efficient_explorer(**SMALL)
 
 
 def _identity_weights(name: str, T: int, window: int) -> torch.Tensor:
     """Run the variant with the identity as values: output row i is query i's weights (head 0)."""
-    q, k, _ = ee.make_inputs(T)
+    q, k, _ = make_inputs(T)
     eye = torch.eye(T).expand(1, 2, T, T)  # (B, H, T, T)
     out = {
         "sliding window": lambda: sliding_window_attention(q, k, eye, window),
         "block sparse": lambda: block_sparse_attention(q, k, eye, window),
-        "LSH": lambda: lsh_attention(q, eye, ee.lsh_n_buckets(T, window), window),
+        "LSH": lambda: lsh_attention(q, eye, lsh_n_buckets(T, window), window),
     }[name]()
     return out[0, 0]  # (T, T)
 
@@ -93,59 +101,24 @@ def test_unknown_variant_is_refused():
     with pytest.raises(ValueError, match="variant must be one of"):
         ee.attended_pairs("dense", 16)
     with pytest.raises(ValueError, match="'dense'"):
-        ee.attention_call("dense", *ee.make_inputs(16))
+        attention_call("dense", *make_inputs(16))
 
 
 def test_lsh_bucket_count_is_even_or_one():
-    assert ee.lsh_n_buckets(4096, 64) == 64
-    assert ee.lsh_n_buckets(64, 64) == 1
-    assert ee.lsh_n_buckets(192, 64) == 4
+    assert lsh_n_buckets(4096, 64) == 64
+    assert lsh_n_buckets(64, 64) == 1
+    assert lsh_n_buckets(192, 64) == 4
 
 
 def test_every_variant_runs_and_the_exact_ones_agree():
     T = 128
-    q, k, v = ee.make_inputs(T)
-    ref = ee.attention_call("pytorch", q, k, v)()
+    q, k, v = make_inputs(T)
+    ref = attention_call("pytorch", q, k, v)()
     for name in ee.VARIANTS:
-        out = ee.attention_call(name, q, k, v, 16)()
+        out = attention_call(name, q, k, v, 16)()
         assert out.shape == (1, 2, T, 32)
         if name in ("exact", "flash"):
             torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-
-
-def test_tracker_counts_allocations_not_views_and_frees():
-    x = torch.zeros(1000)
-    with torch.no_grad(), ee.TensorMemoryTracker() as m:
-        y = x.view(10, 100).transpose(0, 1)  # views of an input: nothing allocated
-        assert m.current == 0
-        z = torch.ones(2000)  # 8000 bytes
-        w = z * 2  # 8000 more
-        assert m.current == 16000
-        del w
-        assert m.current == 8000
-        z.mul_(3)  # in place: nothing new
-        assert m.current == 8000
-    assert m.peak == 16000 and m.largest == 8000
-    assert "aten::mul" in m.ops
-    del y, z
-
-
-def test_tracked_memory_is_deterministic_and_sees_the_table():
-    T = 1024
-    q, k, v = ee.make_inputs(T)
-    exact = [ee.tracked_memory(ee.attention_call("exact", q, k, v))["peak_bytes"] for _ in range(2)]
-    assert exact[0] == exact[1]
-    assert exact[0] >= 2 * T * T * 4  # at least one (B=1, H=2, T, T) float32 table
-    for name in ("sliding window", "flash", "linear", "performer", "pytorch"):
-        peak = ee.tracked_memory(ee.attention_call(name, q, k, v, 32))["peak_bytes"]
-        assert 0 < peak < exact[0] / 4, name
-
-
-def test_time_calls_returns_positive_seconds():
-    t = ee.time_calls({"a": lambda: torch.ones(100).sum(), "b": lambda: None}, rounds=2)
-    assert set(t) == {"a", "b"} and all(x >= 0 for x in t.values()) and t["a"] > 0
-    with pytest.raises(ValueError, match="rounds"):
-        ee.time_calls({"a": lambda: None}, rounds=0)
 
 
 def test_measure_costs_keys_and_values():
@@ -155,20 +128,6 @@ def test_measure_costs_keys_and_values():
     for c in costs.values():
         assert c["time_s"] > 0 and c["peak_bytes"] > 0 and 0 < c["largest_bytes"] <= c["peak_bytes"]
     assert costs["exact", 128, None]["peak_bytes"] > costs["exact", 64, None]["peak_bytes"]
-
-
-def test_crossover():
-    Ts = [256, 512, 1024, 2048]
-    assert ee.crossover(Ts, [1, 1, 1, 1], [2, 2, 2, 2]) == 256.0  # cheaper from the start
-    assert ee.crossover(Ts, [3, 3, 3, 3], [1, 1, 1, 1]) is None  # never
-    assert ee.crossover(Ts, [1, 3, 1, 3], [2, 2, 2, 2]) is None  # not cheaper at the end
-    # ratio 2 at 512 and 1/2 at 1024: the log-ratio crosses 0 half way, at sqrt(512 * 1024)
-    x = ee.crossover(Ts, [4, 4, 1, 1], [1, 2, 2, 4])
-    assert math.isclose(x, math.sqrt(512 * 1024))
-    # cheaper at 256, dearer at 512, cheaper after: the last crossing counts
-    assert 512 < ee.crossover(Ts, [1, 3, 1, 1], [2, 2, 2, 2]) < 1024
-    with pytest.raises(ValueError, match="same nonzero length"):
-        ee.crossover(Ts, [1], [1])
 
 
 def test_explorer_sliding_window_data_and_figure(explorer):
@@ -181,7 +140,8 @@ def test_explorer_sliding_window_data_and_figure(explorer):
     for what in ("time_s", "peak_bytes"):
         assert set(d[what]) == {"variant", "exact", "pytorch"} and all(x > 0 for x in d[what].values())
     assert "sliding window" in explorer.caption_text() and "T = 64" in explorer.caption_text()
-    assert figure_png(explorer.figure)[:8] == b"\x89PNG\r\n\x1a\n"
+    px = assert_shows_something(figure_png(explorer.figure))
+    assert px.shape[:2] == explorer.figure.canvas.get_width_height()[::-1]  # the whole figure, at its dpi
 
 
 def test_explorer_exact_and_linear(explorer):
@@ -217,13 +177,32 @@ def test_explorer_uses_given_measurements_without_measuring(monkeypatch):
         raise AssertionError("measured although the numbers were given")
 
     monkeypatch.setattr(ee, "measure_costs", refuse)
-    ex = ee.sequence_explorer(measured, **SMALL)
+    ex = ee.efficient_explorer(measured, **SMALL)
     html = ex.static_html()
     assert html.count('class="ab-frame"') == len(ee.VARIANTS) * 2  # one per static (variant, T)
     d = ex.update(variant="LSH", T=256, window=16)
     assert d["time_s"] == {"variant": 0.256, "exact": 0.256, "pytorch": 0.256}
     with pytest.raises(AssertionError, match="measured although"):
         ex.update(T=128)  # not given: it would measure
+
+
+def _given_costs(T_values=(64, 256), window=16):
+    """Deterministic stand-in costs for every variant: different per role, so every bar moves."""
+    costs = {}
+    for n, name in enumerate(ee.VARIANTS + ("pytorch",)):
+        for T in T_values:
+            costs[ee.cost_key(name, T, window)] = {"time_s": 1e-5 * (n + 1) * T, "peak_bytes": 2000 * (n + 1) * T}
+    return costs
+
+
+@pytest.mark.parametrize("first, second", [
+    (dict(variant="sliding window", T=64, window=16), dict(variant="LSH", T=256, window=16)),
+    (dict(variant="exact", T=256, window=16), dict(variant="linear", T=256, window=16)),
+    (dict(variant="flash", T=64, window=16), dict(variant="block sparse", T=64, window=16)),
+])
+def test_fast_frame_is_the_full_render(first, second):
+    ex = ee.efficient_explorer(_given_costs(), **SMALL)
+    assert_blit_matches_full_render(ex, first, second)
 
 
 def test_static_html_has_one_frame_per_static_combination(explorer):
@@ -238,5 +217,5 @@ def test_live_widget_follows_the_controls(explorer):
     explorer._controls_w["variant"].value = "block sparse"
     explorer._controls_w["T"].value = 128
     assert explorer.values["variant"] == "block sparse" and explorer.data["T"] == 128
-    assert explorer._image_w.value[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_shows_something(explorer._image_w.value)
     assert "block sparse" in explorer._caption_w.value

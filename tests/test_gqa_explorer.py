@@ -1,15 +1,16 @@
-"""Chapter 9's explorer and helpers, without a browser: key/value head choices,
-counted cache memory, grouped decoding attention against an explicit repeat,
-the profiler helper, and the explorer's data, figure and frames."""
+"""attnbook.explorers.gqa (chapter 9's explorer) without a browser: key/value head choices, the timed
+decoding step, and the explorer's data (against known cache sizes of real models), figure and frames.
+The cache formula is tested in test_kvcache.py, grouped decoding attention in test_mha.py, the profiler
+helper in test_measure.py."""
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 import attnbook
-from attnbook import gqa_explorer as gq
-from attnbook.explorer import figure_png
+from attnbook.explorers import gqa as gq
+from attnbook.explorers.base import figure_png
+from tests.pixels import assert_blit_matches_full_render, assert_shows_something
 
 SEQ = (64, 128, 256)
 
@@ -54,42 +55,6 @@ def test_every_kv_choice_is_a_valid_divisor_for_any_head_count():
         gq.kv_heads(8, "H/3")
 
 
-def test_cache_bytes_equal_the_per_token_count():
-    for hkv in (32, 8, 1):
-        per_token = attnbook.kv_cache_bytes_per_token(32, hkv, 128, torch.float16)
-        assert gq.kv_cache_bytes(hkv, 8192) == 8192 * per_token
-    assert gq.kv_cache_bytes(8, 8192) == 2**30  # 32 layers x 8 KV heads x 128 x fp16 x K,V x 8k = 1 GiB
-    assert gq.kv_cache_bytes(4, 100, batch=3, num_layers=2, head_dim=16, dtype=torch.float32) == 3 * 100 * 2 * 2 * 4 * 16 * 4
-
-
-def test_cache_bytes_match_a_real_cache():
-    m = attnbook.MultiHeadAttention(32, 8, num_kv_heads=2)
-    cache = attnbook.KVCache()
-    with torch.no_grad():
-        m(torch.randn(3, 5, 32), cache=cache)
-    expected = gq.kv_cache_bytes(2, 5, batch=3, num_layers=1, head_dim=4, dtype=torch.float32)
-    assert cache.nbytes == expected
-
-
-@pytest.mark.parametrize("H, Hkv, T, S", [(8, 2, 1, 50), (8, 8, 3, 7), (6, 1, 4, 9), (32, 8, 1, 64)])
-def test_grouped_decode_attention_equals_an_explicit_repeat(H, Hkv, T, S):
-    g = torch.Generator().manual_seed(H * 100 + S)
-    q = torch.randn(2, H, T, 16, generator=g, dtype=torch.float64)
-    k = torch.randn(2, Hkv, S, 16, generator=g, dtype=torch.float64)
-    v = torch.randn(2, Hkv, S, 16, generator=g, dtype=torch.float64)
-    G = H // Hkv
-    ref, _ = attnbook.scaled_dot_product_attention(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1))
-    torch.testing.assert_close(gq.grouped_decode_attention(q, k, v), ref)
-    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, enable_gqa=True), ref)
-
-
-def test_grouped_decode_attention_refuses_bad_shapes():
-    with pytest.raises(ValueError, match="Hkv dividing H"):
-        gq.grouped_decode_attention(torch.randn(1, 8, 1, 4), torch.randn(1, 3, 5, 4), torch.randn(1, 3, 5, 4))
-    with pytest.raises(ValueError, match="4-d"):
-        gq.grouped_decode_attention(torch.randn(8, 1, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4))
-
-
 def test_decode_inputs_shapes_and_seed():
     q, k, v = gq.decode_inputs(8, 2, 10, 16)
     assert q.shape == (1, 8, 1, 16) and k.shape == v.shape == (1, 2, 10, 16)
@@ -106,23 +71,16 @@ def test_measure_decode_times_every_distinct_choice():
     assert set(t) == {gq.decode_key(4, 4, 8)}
 
 
-def test_dispatched_ops_names_the_kernel():
-    q = torch.randn(1, 2, 16, 8)
-    fused = gq.dispatched_ops(lambda: F.scaled_dot_product_attention(q, q, q), "aten::_scaled_dot_product")
-    assert fused and all(name.startswith("aten::_scaled_dot_product") for name in fused)
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-        math = gq.dispatched_ops(lambda: F.scaled_dot_product_attention(q, q, q), "aten::_scaled_dot_product")
-    assert math == ["aten::_scaled_dot_product_attention_math"]
-    assert "aten::mm" in gq.dispatched_ops(lambda: q[0, 0] @ q[0, 0].T)
-
-
 def test_explorer_memory_is_the_counted_cache(explorer):
     d = explorer.update(num_heads=32, kv="H/4", seq_len=128)
     assert d["num_kv_heads"] == 8 and d["group"] == 4
-    assert d["cache_bytes"] == 128 * attnbook.kv_cache_bytes_per_token(32, 8, 128, torch.float16)
-    assert d["bytes_per_token"] == attnbook.kv_cache_bytes_per_token(32, 8, 128, torch.float16)
+    # known values: a 7B model with 8 KV heads (Mistral 7B) keeps 128 KiB per token, so 16 MiB for 128 tokens
+    assert d["cache_bytes"] == 16 * 2**20
+    assert d["bytes_per_token"] == 128 * 2**10
+    # 16 KiB per token per KV head (32 layers x K and V x 128 dims x 2 bytes): Llama 2 7B's 32 heads, 512 KiB
+    per_token = {32: 512 * 2**10, 16: 256 * 2**10, 8: 128 * 2**10, 4: 64 * 2**10, 1: 16 * 2**10}
     for hkv, curve in zip(d["options"], d["cache_curves"]):
-        assert curve == [s * attnbook.kv_cache_bytes_per_token(32, hkv, 128, torch.float16) for s in SEQ]
+        assert curve == [s * per_token[hkv] for s in SEQ]
     assert d["time_s"] == [1e-6 * h * 128 for h in (32, 16, 8, 4, 1)]  # the given measurements
     assert "8 KV heads" in explorer.caption_text() and "4x less than MHA" in explorer.caption_text()
 
@@ -148,7 +106,16 @@ def test_explorer_figure_shows_the_data(explorer):
     np.testing.assert_allclose(widths, [max(t * 1e3, lo * 1.0001) for t in d["time_s"]], rtol=1e-6)
     colors = [p.get_facecolor() for p in a2.patches]
     assert colors[1] != colors[0] and colors[0] == colors[2]  # only the current choice is coloured
-    assert figure_png(fig)[:8] == b"\x89PNG\r\n\x1a\n"
+    px = assert_shows_something(figure_png(fig))
+    assert px.shape[:2] == fig.canvas.get_width_height()[::-1]  # the whole figure, at its dpi
+
+
+@pytest.mark.parametrize("first, second", [
+    (dict(num_heads=32, kv="H/4", seq_len=64), dict(num_heads=32, kv="MQA (1)", seq_len=256)),
+    (dict(num_heads=8, kv="MHA (=H)", seq_len=128), dict(num_heads=32, kv="H/2", seq_len=128)),
+])
+def test_fast_frame_is_the_full_render(explorer, first, second):
+    assert_blit_matches_full_render(explorer, first, second)
 
 
 def test_explorer_measures_missing_combinations_once(monkeypatch):
@@ -184,5 +151,5 @@ def test_live_widget_follows_the_controls(explorer):
     explorer._controls_w["num_heads"].value = 8
     explorer._controls_w["kv"].value = "H/4"
     assert explorer.data["num_kv_heads"] == 2
-    assert explorer._image_w.value[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_shows_something(explorer._image_w.value)
     assert "2 KV heads" in explorer._caption_w.value

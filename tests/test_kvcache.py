@@ -4,7 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import attnbook
 from attnbook import KVCache, MultiHeadAttention, causal_mask, kv_cache_bytes_per_token, merge_heads, split_heads
+from attnbook.kvcache import kv_cache_bytes
 
 
 def _x(*shape, seed=0):
@@ -71,6 +73,7 @@ def test_cache_memory_formula_and_errors():
         mha(torch.zeros(1, 1, 8), torch.zeros(1, 2, 8), cache=KVCache())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_layers", [1, 2])
 def test_decoder_only_generation_with_cache_gives_the_same_tokens_and_logits(num_layers):
     from attnbook.tasks import DecoderOnlyTransformer, copy_task
@@ -104,3 +107,26 @@ def test_cached_forward_rejects_padding_and_tracks_positions():
         model(torch.tensor([[0]]), caches=caches)
     with pytest.raises(ValueError, match="max_len=8"):
         model(torch.tensor([[4] * 6]), caches=caches)
+
+
+def test_cache_bytes_equal_the_per_token_count():
+    for hkv in (32, 8, 1):
+        per_token = attnbook.kv_cache_bytes_per_token(32, hkv, 128, torch.float16)
+        assert kv_cache_bytes(hkv, 8192) == 8192 * per_token
+    assert kv_cache_bytes(8, 8192) == 2**30  # 32 layers x 8 KV heads x 128 x fp16 x K,V x 8k = 1 GiB
+    # known sizes of real models' caches (fp16): Llama 2 7B (32 layers, 32 KV heads of 128) 0.5 MiB per token,
+    # 2 GiB at its 4k context; Mistral 7B (8 KV heads) 4 GiB at 32k; Llama 2 70B (80 layers, 8 KV heads) 320 KiB
+    assert attnbook.kv_cache_bytes_per_token(32, 32, 128, torch.float16) == 2**19
+    assert kv_cache_bytes(32, 4096) == 2 * 2**30
+    assert kv_cache_bytes(8, 32768) == 4 * 2**30
+    assert attnbook.kv_cache_bytes_per_token(80, 8, 128, torch.float16) == 320 * 2**10
+    assert kv_cache_bytes(4, 100, batch=3, num_layers=2, head_dim=16, dtype=torch.float32) == 3 * 100 * 2 * 2 * 4 * 16 * 4
+
+
+def test_cache_bytes_match_a_real_cache():
+    m = attnbook.MultiHeadAttention(32, 8, num_kv_heads=2)
+    cache = attnbook.KVCache()
+    with torch.no_grad():
+        m(torch.randn(3, 5, 32), cache=cache)
+    expected = kv_cache_bytes(2, 5, batch=3, num_layers=1, head_dim=4, dtype=torch.float32)
+    assert cache.nbytes == expected

@@ -68,7 +68,7 @@ def test_causal_mask_same_as_pytorch_is_causal():
 
 
 def test_causal_mask_errors():
-    with pytest.raises(ValueError, match="T must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="T must be an int >= 1, got 0"):
         causal_mask(0)
     with pytest.raises(TypeError, match="S must be an int, got float"):
         causal_mask(3, 4.0)
@@ -154,7 +154,7 @@ def test_sliding_window_relations():
 def test_sliding_window_errors():
     with pytest.raises(ValueError, match="window must be an int >= 0, got -1"):
         sliding_window_mask(4, -1)
-    with pytest.raises(ValueError, match="window must be an int >= 0, got 1.5"):
+    with pytest.raises(TypeError, match="window must be an int, got float 1.5"):
         sliding_window_mask(4, 1.5)
 
 

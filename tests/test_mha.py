@@ -1,11 +1,14 @@
-"""attnbook.MultiHeadAttention against torch.nn.MultiheadAttention, and its properties."""
+"""attnbook.MultiHeadAttention against torch.nn.MultiheadAttention, and its properties; the grouped
+decoding attention of attnbook.mha against an explicit repeat of the key/value heads."""
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import attnbook
 from attnbook import MultiHeadAttention, causal_mask, merge_heads, padding_mask, split_heads
+from attnbook.mha import grouped_decode_attention
 
 
 def _x(*shape, seed=0, dtype=torch.float64):
@@ -160,3 +163,22 @@ def test_module_trains_on_gpu_like_devices_when_present():
     out, w = mha(x, mask=causal_mask(3, device=dev))
     out.sum().backward()
     assert mha.q_proj.weight.grad is not None and w.device.type == dev
+
+
+@pytest.mark.parametrize("H, Hkv, T, S", [(8, 2, 1, 50), (8, 8, 3, 7), (6, 1, 4, 9), (32, 8, 1, 64)])
+def test_grouped_decode_attention_equals_an_explicit_repeat(H, Hkv, T, S):
+    g = torch.Generator().manual_seed(H * 100 + S)
+    q = torch.randn(2, H, T, 16, generator=g, dtype=torch.float64)
+    k = torch.randn(2, Hkv, S, 16, generator=g, dtype=torch.float64)
+    v = torch.randn(2, Hkv, S, 16, generator=g, dtype=torch.float64)
+    G = H // Hkv
+    ref, _ = attnbook.scaled_dot_product_attention(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1))
+    torch.testing.assert_close(grouped_decode_attention(q, k, v), ref)
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, enable_gqa=True), ref)
+
+
+def test_grouped_decode_attention_refuses_bad_shapes():
+    with pytest.raises(ValueError, match="Hkv dividing H"):
+        grouped_decode_attention(torch.randn(1, 8, 1, 4), torch.randn(1, 3, 5, 4), torch.randn(1, 3, 5, 4))
+    with pytest.raises(ValueError, match="4-d"):
+        grouped_decode_attention(torch.randn(8, 1, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tools.bookfiles import toc_files
 from tools.execute import differences, pair
 from tools.setup_cell import MARKER, repository_url, setup_source
 
@@ -23,19 +24,15 @@ def _code_cells(nb):
     return [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
 
 
-def _toc_files():
-    return re.findall(r"file:\s*(\S+)", (ROOT / "_toc.yml").read_text(encoding="utf-8"))
-
-
 def test_there_are_chapters():
     assert CHAPTERS, "no chapters/NN_topic.ipynb found"
 
 
 def test_toc_lists_exactly_the_chapters():
-    listed = {f for f in _toc_files() if f.startswith("chapters/")}
+    listed = {f for f in toc_files() if f.startswith("chapters/")}
     present = {f"chapters/{p.stem}" for p in CHAPTERS}
     assert listed == present, f"in _toc.yml but missing: {listed - present}; not in _toc.yml: {present - listed}"
-    for f in _toc_files():
+    for f in toc_files():
         assert any((ROOT / f"{f}{ext}").exists() for ext in (".md", ".ipynb")), f"_toc.yml lists missing {f}"
 
 

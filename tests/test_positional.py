@@ -60,7 +60,7 @@ def test_sinusoidal_odd_last_column_is_sine_and_base():
 
 
 def test_sinusoidal_errors():
-    with pytest.raises(ValueError, match="d_model must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="d_model must be an int >= 1, got 0"):
         sinusoidal_encoding(4, 0)
     with pytest.raises(TypeError, match="max_len must be an int"):
         sinusoidal_encoding(4.0, 8)
@@ -436,3 +436,11 @@ def test_relative_position_bias_as_float_mask_and_trainable():
     mha = MultiHeadAttention(12, H)
     out_m, w_m = mha(torch.randn(2, T, 12), mask=rpb(T))
     assert out_m.shape == (2, T, 12) and w_m.shape == (2, H, T, T)
+
+
+def test_learned_positions_show_their_table_as_weight_like_an_embedding():
+    """The toy models and MiniLM use LearnedPositionalEmbedding where they had an nn.Embedding: code that
+    read ``.weight`` (chapter 10 prints its shape) still does."""
+    learned = LearnedPositionalEmbedding(8, max_len=12)
+    assert learned.weight is learned.embedding.weight and learned.weight.shape == (12, 8)
+    assert [name for name, _ in learned.named_parameters()] == ["embedding.weight"]  # no second copy

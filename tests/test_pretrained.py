@@ -17,8 +17,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from attnbook import MultiHeadAttention  # noqa: E402
 from attnbook import pretrained as P  # noqa: E402
-from attnbook.explorer import figure_png  # noqa: E402
+from attnbook.explorers.base import figure_png  # noqa: E402
+from attnbook.explorers.minilm import EXPLORER_SENTENCES, minilm_explorer  # noqa: E402
 from attnbook.layers import TransformerEncoderLayer  # noqa: E402
+from attnbook.pretrained import files as PF  # noqa: E402
+from tests.pixels import assert_blit_matches_full_render, assert_shows_something  # noqa: E402
 
 SENTENCES = [
     "The animal didn't cross the street because it was too tired.",
@@ -108,10 +111,10 @@ def test_corrupted_copy_of_the_real_files_is_refused(tmp_path, files_dir):
 
 
 def test_nothing_found_says_how_to_get_the_files(monkeypatch):
-    monkeypatch.setattr(P, "_bundled_dirs", lambda: [])
+    monkeypatch.setattr(PF, "_bundled_dirs", lambda: [])
     monkeypatch.delenv("ATTNBOOK_ALLOW_DOWNLOAD", raising=False)
     monkeypatch.delitem(sys.modules, "google.colab", raising=False)
-    monkeypatch.setattr(P, "_download", lambda: pytest.fail("must not download without permission"))
+    monkeypatch.setattr(PF, "_download", lambda: pytest.fail("must not download without permission"))
     with pytest.raises(FileNotFoundError) as err:
         P.load_minilm()
     msg = str(err.value)
@@ -120,7 +123,7 @@ def test_nothing_found_says_how_to_get_the_files(monkeypatch):
 
 
 def test_a_damaged_bundle_is_reported(monkeypatch, tmp_path):
-    monkeypatch.setattr(P, "_bundled_dirs", lambda: [_fake_dir(tmp_path)])
+    monkeypatch.setattr(PF, "_bundled_dirs", lambda: [_fake_dir(tmp_path)])
     monkeypatch.delenv("ATTNBOOK_ALLOW_DOWNLOAD", raising=False)
     monkeypatch.delitem(sys.modules, "google.colab", raising=False)
     with pytest.raises(ValueError, match=r"config\.json .* has sha256"):
@@ -129,8 +132,8 @@ def test_a_damaged_bundle_is_reported(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("how", ["env", "colab"])
 def test_download_only_when_allowed_and_still_verified(monkeypatch, tmp_path, how):
-    monkeypatch.setattr(P, "_bundled_dirs", lambda: [])
-    monkeypatch.setattr(P, "_download", lambda: _fake_dir(tmp_path))  # stands in for the hub: no network
+    monkeypatch.setattr(PF, "_bundled_dirs", lambda: [])
+    monkeypatch.setattr(PF, "_download", lambda: _fake_dir(tmp_path))  # stands in for the hub: no network
     if how == "env":
         monkeypatch.setenv("ATTNBOOK_ALLOW_DOWNLOAD", "1")
     else:
@@ -147,10 +150,11 @@ def test_source_must_be_a_directory(tmp_path):
 
 
 def test_bundled_wheel_is_found_from_its_file_list(files_dir):
-    assert files_dir in P._bundled_dirs() or os.environ.get("ATTNBOOK_ALLOW_DOWNLOAD") == "1"
+    assert files_dir in PF._bundled_dirs() or os.environ.get("ATTNBOOK_ALLOW_DOWNLOAD") == "1"
 
 
 # --------------------------------------------------------------------- structure and tokenizer
+@pytest.mark.slow
 def test_built_from_attnbook_modules(minilm):
     model, _ = minilm
     assert model.num_layers == 6 and model.num_heads == 12 and not model.training
@@ -163,6 +167,7 @@ def test_built_from_attnbook_modules(minilm):
     assert n == 22_565_376  # BertModel's 22,713,216 less the pooler (384 * 384 + 384)
 
 
+@pytest.mark.slow
 def test_tokenizer_pads_to_the_longest_not_to_128(minilm):
     _, tok = minilm
     assert len(tok.encode("Hello world").ids) == 4  # [CLS] hello world [SEP]
@@ -203,6 +208,7 @@ def _compare(model, reference, enc, atol=1e-5):
     torch.testing.assert_close(hidden[-1][real], out.last_hidden_state[real], atol=atol, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sentence", SENTENCES)
 def test_single_sentences_match_bert(minilm, reference, sentence):
     model, tok = minilm
@@ -211,6 +217,7 @@ def test_single_sentences_match_bert(minilm, reference, sentence):
     _compare(model, reference, enc)
 
 
+@pytest.mark.slow
 def test_padded_batch_matches_bert(minilm, reference):
     model, tok = minilm
     enc = P.tokenize(tok, SENTENCES)
@@ -226,6 +233,7 @@ def test_padded_batch_matches_bert(minilm, reference):
     torch.testing.assert_close(a_batch[3][2, :, :n, :n], a_alone[3][0], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_refused(minilm):
     model, _ = minilm
     with pytest.raises(TypeError, match="integer tensor"):
@@ -259,27 +267,31 @@ def test_head_stats_on_known_patterns():
         P.head_stats([prev], tokens * 2, mask)
 
 
+@pytest.mark.slow
 def test_head_explorer_shows_the_models_own_weights(minilm):
     model, tok = minilm
-    ex = P.minilm_head_explorer(model, tok, text="My own sentence, typed in.", static_layers=[1, 2],
+    ex = minilm_explorer(model, tok, text="My own sentence, typed in.", static_layers=[1, 2],
                                 static_heads=[1, 3])
     assert ex.control("sentence").values[0] == "My own sentence, typed in."
     assert ex.control("layer").values == list(range(1, 7)) and ex.control("head").values == list(range(1, 13))
-    d = ex.update(layer=2, head=3, sentence=P.EXPLORER_SENTENCES[0])
-    enc = P.tokenize(tok, P.EXPLORER_SENTENCES[0])
+    d = ex.update(layer=2, head=3, sentence=EXPLORER_SENTENCES[0])
+    enc = P.tokenize(tok, EXPLORER_SENTENCES[0])
     with torch.no_grad():
         _, att = model(enc.input_ids, enc.attention_mask)
     assert torch.equal(d["weights"], att[1][0, 2]) and d["tokens"] == enc.tokens[0]
     assert all(0 <= v <= 1 for v in d["shares"].values())
     assert "layer 2, head 3" in ex.caption_text()
-    assert figure_png(ex.figure).startswith(b"\x89PNG")
+    assert_shows_something(figure_png(ex.figure))
+    assert_blit_matches_full_render(ex, dict(layer=2, head=3, sentence=EXPLORER_SENTENCES[0]),
+                                    dict(layer=5, head=1, sentence=EXPLORER_SENTENCES[0]))
     frames = list(ex.frames())
     assert len(frames) == 2 * 2 * 2
     assert len({png for _, png, _ in frames}) == len(frames)  # every frame differs
     with pytest.raises(ValueError):
-        P.minilm_head_explorer(model, tok, sentences=[""])
+        minilm_explorer(model, tok, sentences=[""])
 
 
+@pytest.mark.slow
 def test_loading_needs_no_transformers(files_dir, tmp_path):
     import subprocess
 

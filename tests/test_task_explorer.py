@@ -1,4 +1,4 @@
-"""attnbook.task_explorer without a browser: the maps it shows are the model's own
+"""attnbook.explorers.trained_heads without a browser: the maps it shows are the model's own
 attention on the chosen input, the controls change them, the figure draws them,
 and the static scrubber holds one frame per combination.
 
@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from attnbook.explorer import figure_png
-from attnbook.task_explorer import KINDS, run_with_attention, trained_head_explorer
+from attnbook.explorers.base import figure_png
+from attnbook.explorers.trained_heads import KINDS, run_with_attention, trained_heads_explorer
 from attnbook.tasks import DecoderOnlyTransformer, Seq2SeqTransformer, addition_task, copy_task
 from attnbook.train import attention_alignment, fit, predict
+from tests.pixels import assert_blit_matches_full_render, assert_shows_something
 
 COPY = copy_task(length=4, num_symbols=5)
 ADD = addition_task(num_digits=1)
@@ -35,7 +36,7 @@ def models():
 
 @pytest.fixture(scope="module")
 def explorer(models):
-    return trained_head_explorer(models, EXAMPLES, static_examples=2)
+    return trained_heads_explorer(models, EXAMPLES, static_examples=2)
 
 
 def _reference(model, task, text):
@@ -103,6 +104,16 @@ def test_figure_draws_every_head_and_the_labels(explorer):
     explorer.update(task="copy", example=0)
 
 
+@pytest.mark.parametrize("first, second", [
+    (dict(task="copy", example=0, kind="cross-attention", layer=0), dict(task="copy", example=1, kind="cross-attention", layer=1)),
+    (dict(task="addition", example=0, kind="encoder self-attention", layer=0),
+     dict(task="addition", example=2, kind="decoder self-attention", layer=0)),
+])
+def test_fast_frame_is_the_full_render(explorer, first, second):
+    assert_blit_matches_full_render(explorer, first, second)
+    explorer.update(task="copy", example=0, kind="cross-attention", layer=0)
+
+
 def test_caption_reports_the_output_and_the_per_input_alignment(explorer, models):
     d = explorer.update(task="addition", example=1, kind="cross-attention", layer=0)
     model, task = models["addition"]
@@ -123,36 +134,37 @@ def test_static_frames_cover_the_static_values(explorer):
     assert counts == [2, 2, 3, 2]  # tasks, static examples, kinds, layers
     frames = list(explorer.frames())
     assert len(frames) == 2 * 2 * 3 * 2
-    assert all(png.startswith(b"\x89PNG") for _, png, _ in frames)
+    assert all(assert_shows_something(png).shape[2] == 3 for _, png, _ in frames)
     assert {(v["task"], v["example"]) for v, _, _ in frames} == {(t, e) for t in EXAMPLES for e in (0, 1)}
     html = explorer.static_html()
     assert html.count('class="ab-frame"') == 24
-    assert figure_png(explorer.figure).startswith(b"\x89PNG")
+    assert_shows_something(figure_png(explorer.figure))
 
 
 def test_bad_arguments_are_named(models):
     with pytest.raises(ValueError, match="same number"):
-        trained_head_explorer(models, {"copy": ["0123"], "addition": ["3+4", "1+1"]})
+        trained_heads_explorer(models, {"copy": ["0123"], "addition": ["3+4", "1+1"]})
     with pytest.raises(ValueError, match="same task names"):
-        trained_head_explorer(models, {"copy": ["0123"]})
+        trained_heads_explorer(models, {"copy": ["0123"]})
     with pytest.raises(ValueError, match=r"'01234' is not a copy source"):
-        trained_head_explorer(models, {"copy": ["01234"], "addition": ["3+4"]})
+        trained_heads_explorer(models, {"copy": ["01234"], "addition": ["3+4"]})
     with pytest.raises(ValueError, match="static_examples"):
-        trained_head_explorer(models, EXAMPLES, static_examples=4)
+        trained_heads_explorer(models, EXAMPLES, static_examples=4)
     decoder_only = DecoderOnlyTransformer(ADD.vocab, d_model=16, num_heads=2, num_layers=1)
     with pytest.raises(TypeError, match="Seq2SeqTransformer"):
-        trained_head_explorer({"addition": (decoder_only, ADD)}, {"addition": ["3+4"]})
+        trained_heads_explorer({"addition": (decoder_only, ADD)}, {"addition": ["3+4"]})
     with pytest.raises(TypeError, match=r"\(model, task\)"):
-        trained_head_explorer({"copy": models["copy"][0]}, {"copy": ["0123"]})
+        trained_heads_explorer({"copy": models["copy"][0]}, {"copy": ["0123"]})
 
 
+@pytest.mark.slow
 def test_a_briefly_trained_copier_shows_the_diagonal():
     task = copy_task(length=5, num_symbols=5)
     torch.manual_seed(0)
     model = Seq2SeqTransformer(task.vocab, d_model=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
                                dim_feedforward=64)
     fit(model, task, steps=120, warmup=10, device="cpu", progress=False, eval_every=120, eval_n=50)
-    ex = trained_head_explorer({"copy": (model, task)}, {"copy": ["01234", "43210"]})
+    ex = trained_heads_explorer({"copy": (model, task)}, {"copy": ["01234", "43210"]})
     d = ex.update(example=1, kind="cross-attention")
     assert d["correct"] and d["prediction"] == "43210"
     best = int(d["shares"].argmax())

@@ -9,12 +9,12 @@ from attnbook.tasks import (
     Seq2SeqTransformer,
     Task,
     Vocab,
-    _test_split,
     addition_task,
     copy_task,
     reverse_task,
     sort_task,
 )
+from attnbook.tasks.data import _test_split
 from attnbook.train import Alignment, History, attention_alignment, evaluate, fit, predict
 
 ALL_TASKS = [copy_task(6), reverse_task(6), sort_task(6), addition_task(3)]
@@ -145,7 +145,7 @@ def test_alignment_targets():
 
 
 def test_task_errors():
-    with pytest.raises(ValueError, match="length must be a positive int"):
+    with pytest.raises(ValueError, match="length must be an int >= 1"):
         copy_task(0)
     with pytest.raises(ValueError, match="num_symbols"):
         copy_task(5, num_symbols=1)
@@ -323,6 +323,7 @@ def test_untrained_model_is_mostly_wrong():
     assert evaluate(_tiny_s2s(task), task, n=100) < 0.1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make_model", [_tiny_s2s, _tiny_dec], ids=["seq2seq", "decoder-only"])
 def test_short_fit_reduces_loss(make_model):
     task = copy_task(5)
@@ -338,6 +339,7 @@ def test_short_fit_reduces_loss(make_model):
     assert 0.0 <= al.score <= 1.0
 
 
+@pytest.mark.slow
 def test_fit_default_device_and_stop_at():
     task = copy_task(4)
     model = _tiny_s2s(task)

@@ -1,5 +1,6 @@
-"""The course's explorers, driven without a browser: set the controls, check what the
-figures and numbers hold. Runs under ipywidgets 8 and again under 7.7.1."""
+"""The explorers of chapters 2 to 5 (attnbook.explorers.saturation, heads, masks, positions),
+driven without a browser: set the controls, check what the figures, pictures and numbers hold.
+Runs under ipywidgets 8 and again under 7.7.1."""
 
 import math
 
@@ -7,13 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from attnbook import widgets as W
-from attnbook.explorer import figure_png
+from attnbook.explorers import heads, masks, positions
+from attnbook.explorers import saturation as sat
+from attnbook.explorers.base import figure_png
+from tests.pixels import assert_blit_matches_full_render, assert_shows_something
 
 
 @pytest.fixture(scope="module")
 def saturation():
-    return W.saturation_explorer()
+    return sat.saturation_explorer()
 
 
 def test_unscaled_entropy_falls_as_d_k_grows(saturation):
@@ -25,7 +28,7 @@ def test_unscaled_entropy_falls_as_d_k_grows(saturation):
 
 
 def test_scaled_entropy_stays_near_level(saturation):
-    ent = [saturation.update(d_k=dk, scaled=True)["entropy"] for dk in W.DK_VALUES]
+    ent = [saturation.update(d_k=dk, scaled=True)["entropy"] for dk in sat.DK_VALUES]
     assert max(ent) - min(ent) < 0.15
     assert min(ent) > 0.8 * math.log(16)
 
@@ -57,13 +60,13 @@ def test_saturation_figure_marks_the_current_d_k(saturation):
 
 def test_softmax_stats_matches_autograd_jacobian():
     z = torch.randn(3, 5, dtype=torch.float64)
-    stats = W.softmax_stats(z)
+    stats = sat.softmax_stats(z)
     norms = [torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1), row).norm() for row in z]
     assert abs(stats["grad_norm"] - torch.stack(norms).mean().item()) < 1e-10
 
 
 def test_head_explorer_maps_change_with_the_count_but_parameters_do_not():
-    ex = W.head_explorer(d_model=32)
+    ex = heads.heads_explorer(d_model=32)
     maps, params = {}, set()
     for h in (1, 2, 4, 8):
         d = ex.update(num_heads=h)
@@ -82,12 +85,12 @@ def test_head_explorer_maps_change_with_the_count_but_parameters_do_not():
     assert len(params) == 1
     assert not torch.allclose(maps[1][0], maps[4][0], atol=1e-3)
     assert not torch.allclose(maps[4][0], maps[4][1], atol=1e-3)  # heads differ from each other
-    d = ex.update(sentence=W.SENTENCES[1])
-    assert d["tokens"] == W.SENTENCES[1].split()
+    d = ex.update(sentence=heads.SENTENCES[1])
+    assert d["tokens"] == heads.SENTENCES[1].split()
 
 
 def test_mask_explorer_shows_the_mask_it_applies():
-    ex = W.mask_explorer()
+    ex = masks.masks_explorer()
     d = ex.update(kind="causal", T=8)
     assert torch.equal(d["mask"], torch.ones(8, 8, dtype=torch.bool).tril())
     assert torch.all(d["weights"][~d["mask"]] == 0)
@@ -101,7 +104,7 @@ def test_mask_explorer_shows_the_mask_it_applies():
 
 
 def test_position_explorer_similarity_depends_on_distance_only():
-    ex = W.position_explorer(T=16)
+    ex = positions.positions_explorer(T=16)
     for kind in ("sinusoidal", "RoPE"):
         for offset in (0, 1000):
             s = ex.update(kind=kind, offset=offset, d_model=32)["similarity"]
@@ -115,12 +118,13 @@ def test_position_explorer_similarity_depends_on_distance_only():
     assert d["similarity"][3, 3] == 0 and d["similarity"][3, 0] < d["similarity"][3, 2] < 0
 
 
-@pytest.mark.parametrize("factory", [W.saturation_explorer, W.head_explorer, W.mask_explorer, W.position_explorer])
+@pytest.mark.parametrize("factory", [sat.saturation_explorer, heads.heads_explorer, masks.masks_explorer, positions.positions_explorer])
 def test_each_explorer_renders_live_and_static(factory):
     ex = factory()
-    assert figure_png(ex.figure)[:4] == b"\x89PNG"
+    assert_shows_something(figure_png(ex.figure))
     box = ex.widget
-    assert box.children and ex._image_w.value[:4] == b"\x89PNG"
+    assert box.children
+    assert_shows_something(ex._image_w.value)
     first = next(iter(ex._controls_w.values()))
     options = [v for _, v in first.options] if isinstance(first.options[0], tuple) else list(first.options)
     before = ex._image_w.value
@@ -132,11 +136,36 @@ def test_each_explorer_renders_live_and_static(factory):
     assert len(html) < 1_500_000
 
 
+@pytest.mark.parametrize("factory, first, second", [
+    (sat.saturation_explorer, dict(d_k=1, scaled=True), dict(d_k=1024, scaled=False)),
+    (sat.saturation_explorer, dict(T=16, d_k=4), dict(T=16, d_k=256)),
+    (heads.heads_explorer, dict(num_heads=4, sentence=heads.SENTENCES[0]), dict(num_heads=4, sentence=heads.SENTENCES[1])),
+    (heads.heads_explorer, dict(num_heads=1), dict(num_heads=8)),
+    (masks.masks_explorer, dict(kind="padding", length=2), dict(kind="causal + window", window=0)),
+    (positions.positions_explorer, dict(kind="RoPE", d_model=16), dict(kind="ALiBi", d_model=16, offset=1000)),
+    (positions.positions_explorer, dict(kind="sinusoidal", d_model=64), dict(kind="learned (untrained)", d_model=64)),
+], ids=["saturation", "saturation-same-layout", "heads", "heads-new-layout", "masks", "positions", "positions-learned"])
+def test_fast_frame_is_the_full_render(factory, first, second):
+    assert_blit_matches_full_render(factory(), first, second)
+
+
 def test_device_control_offers_what_is_present():
-    ex = W.saturation_explorer()
+    ex = sat.saturation_explorer()
     devices = ex.control("device").values
     assert devices[0] == "cpu"
     assert ("cuda" in devices) == torch.cuda.is_available()
     for dev in devices:
         d = ex.update(device=dev, d_k=64, scaled=True)
         assert d["device"] == dev and math.isfinite(d["entropy"])
+
+
+def test_head_explorer_leaves_the_global_random_numbers_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(5)
+    torch.manual_seed(123)
+    ex = heads.heads_explorer(seed=7)
+    ex.update(num_heads=8)
+    ex.static_html()
+    assert torch.equal(torch.rand(5), expected)  # as if the explorer had never run
+    a, b = heads.heads_explorer(seed=7), heads.heads_explorer(seed=7)
+    torch.testing.assert_close(a.update(num_heads=2)["weights"], b.update(num_heads=2)["weights"])  # seeded

@@ -2,7 +2,7 @@
 
     python3 tools/dev.py book                  # install what is needed, build the book, print where the HTML is
     python3 tools/dev.py test                  # install what is needed, run every check (what CI runs)
-    python3 tools/dev.py test --fast           # ruff and the unit tests, without the slow and browser ones
+    python3 tools/dev.py test --fast           # ruff, mypy and the unit tests, without the slow and browser ones
     python3 tools/dev.py test -- -k masks      # everything after -- goes to pytest
     python3 tools/dev.py nbval [--perturb P] [chapters ...]
                                                # nbval strict over chapters, in the normal numerical environment
@@ -153,8 +153,9 @@ def test(args) -> None:
     passthrough = list(args.pytest_args)
     if passthrough[:1] == ["--"]:
         passthrough = passthrough[1:]
-    # 1. lint the package, tests, benchmarks, tools and the notebooks
+    # 1. lint the package, tests, benchmarks, tools and the notebooks; type-check the package
     run(BIN / "ruff", "check", "attnbook", "tests", "bench", "tools", "chapters", env=env)
+    run(BIN / "mypy", env=env)  # [tool.mypy] in pyproject.toml: the package, every function typed
     if args.fast:
         run(PY, "-m", "pytest", "-q", "tests", "-m", "not slow and not browser", "-n", "2", *passthrough, env=env)
         return
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("book", help="build the book").set_defaults(func=book)
     t = sub.add_parser("test", help="every check (what CI runs)")
-    t.add_argument("--fast", action="store_true", help="ruff and the unit tests without slow and browser tests")
+    t.add_argument("--fast", action="store_true", help="ruff, mypy and the unit tests without slow and browser tests")
     t.add_argument("--each-perturbation", action="store_true",
                    help="run the perturbed nbval leg once per perturbation instead of once combined")
     t.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: passed to pytest")

@@ -1,5 +1,6 @@
-"""One short script for a machine with a GPU: the attention functions and the
-explorers on CUDA (or another device), checked against PyTorch and the CPU.
+"""One short script for a machine with a GPU: the attention functions, the
+measuring helpers and the explorers on CUDA (or another device), checked
+against PyTorch and the CPU.
 
     .venv/bin/python tools/gpu_check.py            # cuda (fails if there is none)
     .venv/bin/python tools/gpu_check.py --device cpu   # the same checks on the CPU (a dry run)
@@ -86,13 +87,35 @@ def efficient_variants(dev):
 
 
 @check
-def explorers_on_the_device(dev):
-    from attnbook import widgets as W
+def measuring_on_the_device(dev):
+    from attnbook.efficient import attention_call, make_inputs
+    from attnbook.measure import cuda_peak_growth, time_calls
 
-    for factory, control, values in ((W.saturation_explorer, "d_k", [1, 64, 1024]),
-                                     (W.head_explorer, "num_heads", [1, 4, 32]),
-                                     (W.mask_explorer, "kind", W.MASK_KINDS[:3]),
-                                     (W.position_explorer, "kind", W.POSITION_KINDS)):
+    q, k, v = (x.to(dev) for x in make_inputs(2048, H=4, D=64))
+    calls = {name: attention_call(name, q, k, v, 128) for name in ("exact", "pytorch", "flash")}
+    times = time_calls(calls, rounds=3, device=dev)  # synchronised: the device's work, not the launch
+    assert all(t > 0 for t in times.values()), times
+    print("    " + ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in times.items()))
+    if dev.startswith("cuda"):
+        peaks = {name: cuda_peak_growth(fn, dev) for name, fn in calls.items()}
+        table = 4 * 2048 * 2048 * 4  # one (B=1, H=4, T, T) float32 table
+        assert peaks["exact"] >= table > peaks["flash"], peaks
+        print("    peak CUDA memory: " + ", ".join(f"{n} {b / 2**20:.1f} MiB" for n, b in peaks.items()))
+
+
+@check
+def explorers_on_the_device(dev):
+    from attnbook.explorers import gqa, heads, masks, positions, saturation
+
+    ex = gqa.gqa_explorer(seq_lens=(1024, 4096), static_heads=(8,), static_seq=(1024,), rounds=2)
+    assert dev in ex.control("device").values, f"gqa_explorer: device {dev} not offered"
+    d = ex.update(num_heads=8, seq_len=4096, device=dev)
+    assert all(t > 0 for t in d["time_s"]), d["time_s"]
+    print(f"    gqa_explorer: one decoding step on {dev}, " + ", ".join(f"{t * 1e3:.3f}" for t in d["time_s"]) + " ms")
+    for factory, control, values in ((saturation.saturation_explorer, "d_k", [1, 64, 1024]),
+                                     (heads.heads_explorer, "num_heads", [1, 4, 32]),
+                                     (masks.masks_explorer, "kind", masks.MASK_KINDS[:3]),
+                                     (positions.positions_explorer, "kind", positions.POSITION_KINDS)):
         ex = factory()
         devices = ex.control("device").values
         assert dev in devices, f"{factory.__name__}: device {dev} not offered ({devices})"

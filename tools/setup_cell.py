@@ -5,23 +5,17 @@ from the repository declared once in ``_config.yml`` (``repository: url``).
 Where attnbook is already installed (this repository's venv) it does nothing.
 """
 
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: python tools/setup_cell.py
+    sys.path.insert(0, str(ROOT))
+
+from tools.bookfiles import repository_url  # noqa: E402
+
 MARKER = "# attnbook setup"
-
-
-def repository_url() -> str:
-    """The repository address from _config.yml (a plain line scan: no YAML dependency)."""
-    in_repo = False
-    for line in (ROOT / "_config.yml").read_text(encoding="utf-8").splitlines():
-        if line.startswith("repository:"):
-            in_repo = True
-        elif in_repo and line.strip().startswith("url:"):
-            return line.split("url:", 1)[1].strip()
-        elif line and not line.startswith((" ", "#")):
-            in_repo = False
-    raise RuntimeError("no repository: url: in _config.yml")
+__all__ = ["MARKER", "repository_url", "setup_source"]
 
 
 def setup_source(url: str | None = None) -> str:

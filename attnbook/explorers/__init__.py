@@ -1,0 +1,46 @@
+"""The course's interactive explorers: one module per family, each with one factory named ``<family>_explorer``.
+
+* ``saturation.saturation_explorer()``: d_k and scaling -> softmax saturation (chapter 2);
+* ``heads.heads_explorer()``: the number of heads -> every head's map (chapter 3);
+* ``masks.masks_explorer()``: mask kind, window, padding -> the mask and the weights it leaves (chapter 4);
+* ``positions.positions_explorer()``: encoding, d_model, offset -> how positions relate (chapter 5);
+* ``trained_heads.trained_heads_explorer(models, examples)``: task, input, block, layer -> a trained toy
+  model's heads (chapter 7);
+* ``efficient.efficient_explorer()``: variant, T, window -> pairs scored, time, memory (chapter 8);
+* ``gqa.gqa_explorer()``: query and key/value heads, context -> KV cache and decoding time (chapter 9);
+* ``minilm.minilm_explorer(model, tokenizer)``: layer, head, sentence -> all-MiniLM-L6-v2's heads (chapter 10).
+
+Each factory returns an :class:`attnbook.explorers.base.Explorer`: display it (or leave it as a cell's
+last expression) to get the live widget in Jupyter/Colab and the pre-rendered scrubber in the static
+book; call ``.update(...)`` and read ``.data`` / ``.figure`` to use it without a browser.
+:mod:`attnbook.explorers.base` is the machinery they share.
+
+The factories load on first use (``from attnbook.explorers import heads_explorer``); the names the
+chapters were written with (``attnbook.widgets.head_explorer``, ``attnbook.efficient_explorer.sequence_explorer``,
+...) still work.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "saturation_explorer",
+    "heads_explorer",
+    "masks_explorer",
+    "positions_explorer",
+    "trained_heads_explorer",
+    "efficient_explorer",
+    "gqa_explorer",
+    "minilm_explorer",
+]
+
+_FAMILIES = ("saturation", "heads", "masks", "positions", "trained_heads", "efficient", "gqa", "minilm")
+FACTORIES = {f"{family}_explorer": family for family in _FAMILIES}
+
+
+def __getattr__(name: str) -> Any:
+    if name in FACTORIES:
+        return getattr(importlib.import_module(f"{__name__}.{FACTORIES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,428 @@
+"""The machinery behind every explorer: live ipywidgets controls in Jupyter and Colab, and a static scrubber.
+
+The scrubber is self-contained HTML for the static book, one pre-rendered frame
+per combination of the controls' static values.
+
+An explorer is a ``compute`` function (control values -> a dict of numbers and
+tensors, cheap and testable) and a picture of that dict. :class:`Explorer`
+wires them to widgets and pre-renders one frame per combination of the
+controls' static values.
+
+The picture comes from three hooks, so that a figure is built once per layout
+and afterwards only its changing artists are redrawn (blitting, see
+:class:`FastFigure`; a few milliseconds per update instead of a full render):
+
+* ``layout(data) -> key``: what the figure's layout depends on (the number of
+  heads, the sequence length, ...); one figure is kept per key;
+* ``build(data) -> (figure, artists)``: a new figure for that layout, and a
+  dict of the artists ``redraw`` changes (an artist, or a list of them; other
+  values, such as constants, are allowed). Everything not in the dict is drawn
+  once into the cached background;
+* ``redraw(data, artists)``: set the artists' data for this ``data``.
+
+A plain ``draw(data) -> Figure`` (a full render each time) still works for a
+quick explorer.
+
+How it shows itself (``display(explorer)`` or an explorer as a cell's last
+expression):
+
+* Jupyter: one output carrying both the live widget view and ``text/html`` with
+  the scrubber. Jupyter shows the widget; the book (``execute_notebooks: off``,
+  ``nb_mime_priority_overrides`` in ``_config.yml``) shows the scrubber. The
+  scrubber's frames are rendered before the widget exists, so no frame is
+  pushed to the widget on the way.
+* Colab (``"google.colab" in sys.modules``): a plain ``display(widget)``, which
+  Colab's display hook needs.
+
+The scrubber's HTML and its one line of JavaScript are package resources,
+``scrubber.html`` and ``scrubber.js`` next to this module.
+
+Works with ipywidgets 7.6+ and 8 and uses only core widgets.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import html
+import io
+import itertools
+import json
+import sys
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from string import Template
+from typing import Any
+
+from matplotlib.artist import Artist
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure, SubFigure
+
+from .._compat import available_devices
+
+__all__ = [
+    "Control",
+    "Explorer",
+    "FastFigure",
+    "figure_png",
+    "available_devices",
+    "device_control",
+    "in_colab",
+    "WIDGET_VIEW_MIME",
+]
+
+WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def in_colab() -> bool:
+    """Whether this runs in Google Colab (its display hook needs a plain ``display(widget)``)."""
+    return "google.colab" in sys.modules
+
+
+def figure_png(fig: Figure, dpi: float | None = None) -> bytes:
+    """Render a matplotlib Figure (made without pyplot) to PNG bytes.
+
+    A figure prepared by :class:`FastFigure` at its own dpi takes the fast path:
+    the cached background plus its changing artists only.
+    """
+    fast = getattr(fig, "_attnbook_fast", None)
+    if fast is not None and (dpi is None or dpi == fig.dpi):
+        return fast.png()
+    if fig.canvas is None or not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi or fig.dpi)
+    return buf.getvalue()
+
+
+class FastFigure:
+    """Blitting for explorers: everything that never changes (axes, ticks, labels,
+    fixed curves) is rendered once into a cached background; each update redraws
+    only the ``dynamic`` artists on top of it, so :func:`figure_png` costs a few
+    milliseconds instead of a full render. The figure stays an ordinary Figure
+    that tests can inspect (and that ``savefig`` renders in full).
+
+    The dynamic artists are drawn after the whole background, so one that a
+    static artist should cover (a grid line over a bar) shows on top; the
+    explorers' tests compare every frame with a full ``savefig`` render.
+    """
+
+    def __init__(self, fig: Figure, dynamic: Sequence[Artist]):
+        self.fig = fig
+        self.dynamic = list(dynamic)
+        self.canvas = FigureCanvasAgg(fig)
+        for artist in self.dynamic:
+            artist.set_animated(True)  # left out of canvas.draw(): not part of the background
+        self.canvas.draw()
+        self.background = self.canvas.copy_from_bbox(fig.bbox)
+        fig._attnbook_fast = self  # type: ignore[attr-defined]
+
+    def png(self) -> bytes:
+        from PIL import Image
+
+        self.canvas.restore_region(self.background)
+        for artist in self.dynamic:
+            self.fig.draw_artist(artist)
+        rgba = self.canvas.buffer_rgba()
+        buf = io.BytesIO()
+        Image.frombuffer("RGBA", (rgba.shape[1], rgba.shape[0]), rgba, "raw", "RGBA", 0, 1).convert("RGB").save(
+            buf, format="png", compress_level=3)
+        return buf.getvalue()
+
+
+def _dynamic_artists(artists: dict[str, Any]) -> list[Artist]:
+    """The artists named in a ``build`` hook's dict, flattened (lists, tuples and containers such as a
+    ``BarContainer`` hold several). Axes and figures are refused: marking one as changing would take it,
+    with everything on it, out of the cached background."""
+    found: list[Artist] = []
+
+    def visit(name: str, value: Any) -> None:
+        if isinstance(value, (Axes, Figure, SubFigure)):
+            raise TypeError(f"build's artists[{name!r}] is a {type(value).__name__}: name the artists that "
+                            "change (a title, an image, bars), not what holds them")
+        if isinstance(value, Artist):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(name, item)
+
+    for name, value in artists.items():
+        visit(name, value)
+    return found
+
+
+@dataclass
+class Control:
+    """One control of an explorer.
+
+    Args:
+        name: the keyword passed to ``compute``.
+        values: the choices, in order (a slider walks through them).
+        default: the starting value (must be one of ``values``).
+        label: what the reader sees, e.g. ``"d_k"``.
+        kind: ``"slider"``, ``"toggle"`` (a few labelled buttons) or ``"dropdown"``.
+        static: the values pre-rendered for the book's scrubber (default: all of
+            them); ``[default]`` keeps the control fixed there.
+        fmt: how a value is written in labels (default ``str``).
+    """
+
+    name: str
+    values: Sequence[Any]
+    default: Any = None
+    label: str | None = None
+    kind: str = "slider"
+    static: Sequence[Any] | None = None
+    fmt: Callable[[Any], str] = str
+
+    def __post_init__(self) -> None:
+        self.values = list(self.values)
+        if not self.values:
+            raise ValueError(f"control {self.name!r} has no values")
+        if self.default is None:
+            self.default = self.values[0]
+        if self.default not in self.values:
+            raise ValueError(f"control {self.name!r}: default {self.default!r} is not one of {self.values!r}")
+        if self.kind not in ("slider", "toggle", "dropdown"):
+            raise ValueError(f"control {self.name!r}: kind must be slider, toggle or dropdown, got {self.kind!r}")
+        self.label = self.label or self.name
+        self.static = list(self.values if self.static is None else self.static)
+        bad = [v for v in self.static if v not in self.values]
+        if bad:
+            raise ValueError(f"control {self.name!r}: static values {bad!r} are not among {self.values!r}")
+
+    @property
+    def static_values(self) -> list[Any]:
+        """The values the book's scrubber shows (``static``, which ``__post_init__`` made a list)."""
+        return list(self.values if self.static is None else self.static)
+
+    def make_widget(self) -> Any:
+        """The ipywidgets control: a SelectionSlider, ToggleButtons or a Dropdown."""
+        import ipywidgets as W
+
+        options = [(self.fmt(v), v) for v in self.values]
+        if self.kind == "slider":
+            return W.SelectionSlider(options=options, value=self.default, description=self.label,
+                                     continuous_update=False)
+        if self.kind == "toggle":
+            return W.ToggleButtons(options=options, value=self.default, description=self.label)
+        return W.Dropdown(options=options, value=self.default, description=self.label)
+
+
+def device_control(static: Sequence[str] = ("cpu",)) -> Control:
+    """The device dropdown every explorer that computes on tensors offers: the devices present here
+    (:func:`attnbook._compat.available_devices`, the CPU first and by default); the book's scrubber shows
+    ``static`` (the CPU)."""
+    return Control("device", available_devices(), "cpu", label="device", kind="dropdown", static=list(static))
+
+
+@functools.lru_cache(maxsize=1)
+def _scrubber_templates() -> dict[str, Template]:
+    """The sections of ``scrubber.html`` and the script of ``scrubber.js``, read once."""
+    folder = resources.files(__package__)
+    sections: dict[str, Template] = {}
+    name = None
+    for line in folder.joinpath("scrubber.html").read_text(encoding="utf-8").splitlines():
+        if line.startswith("<!-- section: "):
+            name = line.removeprefix("<!-- section: ").removesuffix(" -->").strip()
+        elif name is not None and line.strip():
+            sections[name] = Template(line)
+            name = None
+    js = "".join(line.strip() for line in folder.joinpath("scrubber.js").read_text(encoding="utf-8").splitlines()
+                 if line.strip() and not line.strip().startswith("//"))
+    sections["script"] = Template(js)
+    return sections
+
+
+@dataclass
+class Explorer:
+    """Controls + ``compute`` + a picture, shown live and as a static scrubber.
+
+    ``compute(**values) -> dict`` does the numbers; the picture comes from the
+    ``layout``/``build``/``redraw`` hooks (see the module docstring) or from a
+    plain ``draw(data) -> Figure``; ``caption(data) -> str`` (optional) is a
+    line of text under it. ``update(**values)`` recomputes and keeps
+    ``values``, ``data`` and ``figure``; moving a widget calls it.
+    """
+
+    title: str
+    controls: Sequence[Control]
+    compute: Callable[..., dict]
+    draw: Callable[[dict], Figure] | None = None
+    caption: Callable[[dict], str] | None = None
+    frame_dpi: float | None = None  # None: the figure's own dpi (and the fast path)
+    layout: Callable[[dict], Hashable] | None = None
+    build: Callable[[dict], tuple[Figure, dict[str, Any]]] | None = None
+    redraw: Callable[[dict, dict[str, Any]], None] | None = None
+    values: dict = field(init=False)
+    data: dict = field(init=False)
+    figure: Figure = field(init=False)
+    _widget: Any = field(init=False, default=None, repr=False)
+    _figures: dict = field(init=False, default_factory=dict, repr=False)
+    _refresh: bool = field(init=False, default=True, repr=False)
+
+    def __post_init__(self) -> None:
+        self.controls = list(self.controls)
+        names = [c.name for c in self.controls]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate control names in {names}")
+        hooks = self.build is not None, self.redraw is not None
+        if self.draw is not None and any(hooks):
+            raise ValueError("give either draw or the build/redraw hooks, not both")
+        if self.draw is None and not all(hooks):
+            raise ValueError("an explorer needs draw(data), or build(data) and redraw(data, artists)")
+        if self.layout is not None and self.build is None:
+            raise ValueError("layout is a hook of build/redraw; give those too")
+        self.values = {c.name: c.default for c in self.controls}
+        self.update()
+
+    def __repr__(self) -> str:
+        vals = ", ".join(f"{c.label}={c.fmt(self.values[c.name])}" for c in self.controls)
+        return f"<{self.title} explorer: {vals}>"
+
+    # -- the logic, usable without a browser or a kernel ----------------------
+    def control(self, name: str) -> Control:
+        """The control called ``name``."""
+        for c in self.controls:
+            if c.name == name:
+                return c
+        raise KeyError(f"no control named {name!r}; controls: {[c.name for c in self.controls]}")
+
+    def update(self, **changes: Any) -> dict:
+        """Set some control values (by name), recompute and redraw; returns ``data``."""
+        for name, value in changes.items():
+            c = self.control(name)
+            if value not in c.values:
+                raise ValueError(f"{c.label}={value!r} is not one of {c.values!r}")
+        self.values = {**self.values, **changes}
+        self.data = self.compute(**self.values)
+        self.figure = self._picture(self.data)
+        if self._widget is not None and self._refresh:
+            self._refresh_widget()
+        return self.data
+
+    def _picture(self, data: dict) -> Figure:
+        if self.draw is not None:
+            return self.draw(data)
+        assert self.build is not None and self.redraw is not None
+        key = self.layout(data) if self.layout is not None else None
+        if key not in self._figures:
+            fig, artists = self.build(data)
+            FastFigure(fig, _dynamic_artists(artists))
+            self._figures[key] = fig, artists
+        fig, artists = self._figures[key]
+        self.redraw(data, artists)
+        return fig
+
+    def caption_text(self) -> str:
+        """The caption of the current data ("" without a caption hook)."""
+        return self.caption(self.data) if self.caption else ""
+
+    # -- live widget -------------------------------------------------------------
+    @property
+    def widget(self) -> Any:
+        """The ipywidgets UI (built on first use)."""
+        if self._widget is None:
+            import ipywidgets as W
+
+            self._controls_w = {c.name: c.make_widget() for c in self.controls}
+            self._image_w = W.Image(format="png")
+            self._caption_w = W.HTML()
+            for name, w in self._controls_w.items():
+                w.observe(self._on_change(name), names="value")
+            title = W.HTML(f"<b>{html.escape(self.title)}</b>")
+            self._widget = W.VBox([title, *self._controls_w.values(), self._image_w, self._caption_w])
+            self._refresh_widget()
+        return self._widget
+
+    @property
+    def control_widgets(self) -> dict[str, Any]:
+        """The live widget's controls by name (the widget is built on first use): setting one's ``value``
+        is what moving it does."""
+        self.widget  # noqa: B018 (builds the controls)
+        return dict(self._controls_w)
+
+    def _on_change(self, name: str) -> Callable[[dict], None]:
+        def handler(change: dict) -> None:
+            if self.values.get(name) != change["new"]:
+                self.update(**{name: change["new"]})
+
+        return handler
+
+    def _refresh_widget(self) -> None:
+        for name, w in self._controls_w.items():
+            if w.value != self.values[name]:
+                w.value = self.values[name]
+        self._image_w.value = figure_png(self.figure)
+        self._caption_w.value = html.escape(self.caption_text())
+
+    # -- static scrubber -----------------------------------------------------------
+    def frames(self) -> Iterator[tuple[dict, bytes, str]]:
+        """Yield ``(values, png_bytes, caption)`` for every combination of the
+        controls' static values, the first control varying slowest. A live
+        widget is left alone meanwhile and shows the restored values after."""
+        saved = dict(self.values)
+        self._refresh = False
+        try:
+            for combo in itertools.product(*(c.static_values for c in self.controls)):
+                self.update(**dict(zip([c.name for c in self.controls], combo)))
+                yield dict(self.values), figure_png(self.figure, self.frame_dpi), self.caption_text()
+        finally:
+            self._refresh = True
+            self.update(**saved)
+
+    def static_html(self) -> str:
+        """A self-contained scrubber: one range input per control with more than
+        one static value, a label showing the current value, and the frames as
+        inline PNGs. No external script, style or font (see ``scrubber.html``)."""
+        tpl = _scrubber_templates()
+        esc = html.escape
+        frames = list(self.frames())
+        moving = [c for c in self.controls if len(c.static_values) > 1]
+        strides, s = {}, 1
+        for c in reversed(self.controls):
+            strides[c.name] = s
+            s *= len(c.static_values)
+        start = 0
+        for c in self.controls:
+            value = self.values[c.name] if self.values[c.name] in c.static_values else c.static_values[0]
+            start += c.static_values.index(value) * strides[c.name]
+        digest = hashlib.sha1(b"".join(png for _, png, _ in frames)).hexdigest()[:10]
+        script = esc(tpl["script"].substitute())
+        parts = [tpl["open"].substitute(digest=digest, title=esc(self.title))]
+        for c in moving:
+            labels = [c.fmt(v) for v in c.static_values]
+            idx = c.static_values.index(self.values[c.name]) if self.values[c.name] in c.static_values else 0
+            parts.append(tpl["control"].substitute(
+                label=esc(str(c.label)), value=esc(labels[idx]), max=len(labels) - 1, index=idx,
+                name=esc(c.name), stride=strides[c.name], labels=esc(json.dumps(labels)), script=script))
+        fixed = [c for c in self.controls if len(c.static_values) == 1]
+        if fixed:
+            parts.append(tpl["fixed"].substitute(text=esc(", ".join(f"{c.label} = {c.fmt(c.static_values[0])}" for c in fixed))))
+        for i, (_, png, cap) in enumerate(frames):
+            parts.append(tpl["frame"].substitute(
+                i=i, hidden="" if i == start else ' style="display:none"', title=esc(self.title),
+                png=base64.b64encode(png).decode("ascii"), caption=esc(cap)))
+        parts.append(tpl["close"].substitute())
+        return "".join(parts)
+
+    # -- display -----------------------------------------------------------------------
+    def _ipython_display_(self, **kwargs: Any) -> None:
+        from IPython.display import display
+
+        if in_colab():
+            display(self.widget)
+            return
+        # the frames first: the widget does not exist yet, so no frame is encoded for it on the way
+        data: dict[str, Any] = {"text/plain": repr(self), "text/html": self.static_html()}
+        widget = self.widget
+        bundle = widget._repr_mimebundle_() if hasattr(widget, "_repr_mimebundle_") else None
+        if bundle and WIDGET_VIEW_MIME in bundle:  # ipywidgets 8
+            data[WIDGET_VIEW_MIME] = bundle[WIDGET_VIEW_MIME]
+        else:  # ipywidgets 7: the same view payload its _ipython_display_ sends
+            data[WIDGET_VIEW_MIME] = {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}
+            if hasattr(widget, "_handle_displayed"):
+                widget._handle_displayed(**kwargs)
+        display(data, raw=True)

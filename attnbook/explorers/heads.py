@@ -1,0 +1,122 @@
+"""Chapter 3's explorer: the same projections split into 1, 2, 4, ... heads.
+
+Pick the number of heads (a divisor of d_model), a sentence and the device,
+and see every head's attention map. W^Q, W^K, W^V and W^O are the *same*
+matrices for every head count; only how their d_model columns are split
+into heads changes, so the parameter count stays put while the maps change.
+
+Dimension legend: H heads, T tokens of the sentence (queries and keys),
+D head dim (d_k), E model dim (d_model).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+
+from ..mha import MultiHeadAttention
+from ..plotting import heads_mosaic
+from .base import Control, Explorer, device_control
+
+__all__ = ["heads_explorer", "head_explorer", "token_embeddings", "SENTENCES"]
+
+SENTENCES = [
+    "the cat sat on the mat because it was tired",
+    "a bird in the hand is worth two in the bush",
+    "she gave him the book and he read it twice",
+]
+
+
+def token_embeddings(tokens: list[str], d_model: int, seed: int = 0) -> torch.Tensor:
+    """A fixed random vector per word (stable across runs), plus a little position signal: ``(T, E)``."""
+    rows = []
+    for pos, tok in enumerate(tokens):
+        g = torch.Generator().manual_seed(zlib.crc32(tok.encode()) + seed)
+        rows.append(torch.randn(d_model, generator=g) + 0.5 * torch.sin(torch.arange(d_model) * 0.7 + pos))
+    return torch.stack(rows)  # (T, E)
+
+
+def _divisors(n: int) -> list[int]:
+    return [h for h in range(1, n + 1) if n % h == 0]
+
+
+def heads_explorer(d_model: int = 32, sentences: list[str] | None = None, seed: int = 0,
+                   gain: float = 3.0) -> Explorer:
+    """Number of heads (over the divisors of d_model), the input sentence and the
+    device -> the grid of per-head attention maps.
+
+    The projections W^Q, W^K, W^V, W^O are the *same* matrices for every head
+    count; only how their d_model columns are split into heads changes. So the
+    parameter count stays put while the maps change. The weights are drawn from
+    their own seeded generator state (``torch.random.fork_rng``): the reader's
+    global random numbers are left as they were.
+    """
+    sentences = list(sentences or SENTENCES)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        base = MultiHeadAttention(d_model, 1)
+    with torch.no_grad():
+        for lin in (base.q_proj, base.k_proj):
+            lin.weight.mul_(gain)  # sharper maps than a fresh init, so heads differ visibly
+    state = base.state_dict()
+
+    def compute(num_heads: int, sentence: str, device: str) -> dict:
+        tokens = sentence.split()
+        with torch.random.fork_rng(devices=[]):  # the fresh init is overwritten: keep the global RNG as it was
+            mha = MultiHeadAttention(d_model, num_heads)
+        mha.load_state_dict(state)
+        mha = mha.to(device).eval()
+        x = token_embeddings(tokens, d_model, seed).to(device)[None]  # (1, T, E)
+        with torch.no_grad():
+            out, w = mha(x)  # w: (1, H, T, T)
+        assert w is not None
+        return {
+            "num_heads": num_heads, "head_dim": d_model // num_heads, "tokens": tokens, "device": device,
+            "weights": w[0].cpu(), "params": sum(p.numel() for p in mha.parameters()),
+            "entropy": (-(w * torch.log(w.clamp_min(1e-12))).sum(-1)).mean().item(),
+        }
+
+    def ncols(H: int) -> int:
+        return min(H, 8)
+
+    def layout(d: dict) -> tuple[int, int]:
+        return d["num_heads"], len(d["tokens"])
+
+    def build(d: dict) -> tuple[Figure, dict[str, Any]]:
+        H, T = layout(d)
+        n = ncols(H)
+        fig = Figure(figsize=(min(1.3 * n + 1.2, 11), 1.3 * (-(-H // n)) + 0.9), dpi=72)
+        fig.subplots_adjust(left=0.02, right=0.98, top=0.8, bottom=0.03)
+        ax = fig.subplots()
+        image = ax.imshow(heads_mosaic(d["weights"], n), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+        for h in range(H):
+            r, c = divmod(h, n)
+            ax.text(c * (T + 1), r * (T + 1) - 0.7, f"head {h}", fontsize=7, va="bottom")
+        ax.axis("off")
+        fig.suptitle(f"{H} head{'s' if H > 1 else ''} of d_k = {d['head_dim']}\n"
+                     "(each map: queries down, keys across)", fontsize=9)
+        return fig, {"image": image}
+
+    def redraw(d: dict, art: dict[str, Any]) -> None:
+        art["image"].set_data(heads_mosaic(d["weights"], ncols(d["num_heads"])))  # one image for all heads
+
+    def caption(d: dict) -> str:
+        return (f"{d['num_heads']} heads × d_k = {d['head_dim']} = d_model {d_model}; parameters: {d['params']:,} "
+                f"(the same for every head count); mean entropy {d['entropy']:.2f}")
+
+    heads = _divisors(d_model)
+    return Explorer(
+        "Attention heads",
+        [
+            Control("num_heads", heads, 4 if 4 in heads else heads[0], label="heads"),
+            Control("sentence", sentences, sentences[0], label="sentence", kind="dropdown", static=sentences[:2]),
+            device_control(),
+        ],
+        compute, caption=caption, layout=layout, build=build, redraw=redraw,
+    )
+
+
+head_explorer = heads_explorer  # the name chapter 3 was written with

@@ -1,0 +1,100 @@
+"""Chapter 4's explorer: what each mask allows, and the attention it leaves.
+
+Pick a mask kind (causal, padding, sliding window, their combinations), the
+window, the real length of a padded sequence, the sequence length and the
+device, and see the mask next to the attention weights it produces.
+
+Dimension legend: T queries and keys (self-attention), E model dim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+
+from ..core import scaled_dot_product_attention
+from ..masks import causal_mask, combine_masks, padding_mask, sliding_window_mask
+from .base import Control, Explorer, device_control
+
+__all__ = ["masks_explorer", "mask_explorer", "build_mask", "MASK_KINDS"]
+
+MASK_KINDS = ["causal", "padding", "sliding window", "causal + padding", "causal + window"]
+
+
+def build_mask(kind: str, T: int, window: int, length: int) -> torch.Tensor:
+    """The bool (T, T) mask an explorer kind stands for (True = may attend)."""
+    if kind not in MASK_KINDS:
+        raise ValueError(f"kind must be one of {MASK_KINDS}, got {kind!r}")
+    pad = padding_mask([min(length, T)], max_len=T)[0, 0]  # (1, S) -> broadcasts over queries
+    parts = {
+        "causal": [causal_mask(T)],
+        "padding": [pad],
+        "sliding window": [sliding_window_mask(T, window)],
+        "causal + padding": [causal_mask(T), pad],
+        "causal + window": [sliding_window_mask(T, window, causal=True)],
+    }[kind]
+    mask = combine_masks(*parts)
+    assert mask is not None
+    return mask.expand(T, T)
+
+
+def masks_explorer(seed: int = 0, d_model: int = 16) -> Explorer:
+    """Mask kind (causal, padding lengths, sliding window, combinations), window,
+    padding length, sequence length and device -> the mask and the attention it allows."""
+
+    def compute(kind: str, T: int, window: int, length: int, device: str) -> dict:
+        mask = build_mask(kind, T, window, length)  # (T, S)
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(T, d_model, generator=g)  # (T, E)
+        wq, wk = (torch.randn(d_model, d_model, generator=g) / d_model**0.5 for _ in range(2))
+        q, k = (x @ wq).to(device), (x @ wk).to(device)  # (T, D) each
+        _, w = scaled_dot_product_attention(q, k, k, mask.to(device))  # (T, S)
+        w = w.cpu()
+        empty = int((~mask.any(-1)).sum())
+        return {"kind": kind, "T": T, "window": window, "length": length, "device": device,
+                "mask": mask, "weights": w, "allowed": int(mask.sum()), "empty_rows": empty}
+
+    def layout(d: dict) -> int:
+        return d["T"]
+
+    def build(d: dict) -> tuple[Figure, dict[str, Any]]:
+        T = d["T"]
+        fig = Figure(figsize=(7.2, 3.4), dpi=72)
+        fig.subplots_adjust(left=0.08, right=0.98, top=0.86, bottom=0.15, wspace=0.3)
+        a1, a2 = fig.subplots(1, 2)
+        im1 = a1.imshow(torch.zeros(T, T).numpy(), cmap="Greys_r", vmin=0, vmax=1)
+        a1.set_title("mask (white = may attend)", fontsize=10)
+        im2 = a2.imshow(torch.zeros(T, T).numpy(), cmap="viridis", vmin=0, vmax=1)
+        a2.set_title("attention weights", fontsize=10)
+        for ax in (a1, a2):
+            ax.set_xlabel("key j")
+            ax.set_ylabel("query i")
+        title = fig.suptitle(" ", fontsize=11)
+        return fig, {"mask": im1, "weights": im2, "title": title}
+
+    def redraw(d: dict, art: dict[str, Any]) -> None:
+        art["mask"].set_data(d["mask"].float().numpy())
+        art["weights"].set_data(d["weights"].numpy())
+        art["title"].set_text(d["kind"])
+
+    def caption(d: dict) -> str:
+        return (f"{d['kind']}, T = {d['T']}, window = {d['window']}, real length = {min(d['length'], d['T'])}: "
+                f"{d['allowed']} of {d['T'] ** 2} (query, key) pairs allowed; "
+                f"{d['empty_rows']} query row(s) with no key (their weights are all 0, not NaN)")
+
+    return Explorer(
+        "Masks",
+        [
+            Control("kind", MASK_KINDS, "causal", label="mask", kind="dropdown"),
+            Control("T", [4, 6, 8, 12, 16], 8, label="sequence length", static=[8]),
+            Control("window", [0, 1, 2, 3, 4], 2, label="window", static=[1, 3]),
+            Control("length", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16], 5, label="real length (padding)", static=[5]),
+            device_control(),
+        ],
+        compute, caption=caption, layout=layout, build=build, redraw=redraw,
+    )
+
+
+mask_explorer = masks_explorer  # the name chapter 4 was written with

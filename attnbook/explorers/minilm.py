@@ -1,0 +1,116 @@
+"""Chapter 10's explorer: what each head of a real pretrained model, all-MiniLM-L6-v2, attends to.
+
+Pick a layer, a head and a sentence, and see that head's attention map on
+that sentence next to the shares of its weight on the previous token, the
+next one, itself, [CLS], [SEP] and punctuation
+(:func:`attnbook.pretrained.head_stats`).
+
+Dimension legend: N layers, H heads per layer, T tokens of the sentence
+(queries), S tokens (keys; S = T).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+
+from ..pretrained.model import MEASURES, MiniLM, head_stats, tokenize
+from .base import Control, Explorer
+
+__all__ = ["minilm_explorer", "minilm_head_explorer", "EXPLORER_SENTENCES"]
+
+EXPLORER_SENTENCES = [
+    "The animal didn't cross the street because it was too tired.",
+    "The cat sat on the mat, and then it fell asleep.",
+    "She gave him the book because he asked for it.",
+    "Attention lets every word look at every other word.",
+]
+
+
+def minilm_explorer(model: MiniLM, tokenizer: Any, sentences: Sequence[str] | None = None, text: str | None = None,
+                    *, static_layers: Sequence[int] | None = None, static_heads: Sequence[int] = (1, 6, 11),
+                    static_sentences: int = 2) -> Explorer:
+    """Layer (1..N), head (1..H) and sentence -> that head's attention map on that sentence, and the
+    shares of its weight on the previous token, the next one, itself, [CLS], [SEP] and punctuation.
+
+    ``sentences``: the choices (default :data:`EXPLORER_SENTENCES`); ``text``: one more sentence of your
+    own, put first. Layers and heads are numbered from 1 here. The static scrubber shows
+    ``static_layers`` (default all) x ``static_heads`` x the first ``static_sentences`` sentences.
+    """
+    sentences = list(EXPLORER_SENTENCES if sentences is None else sentences)
+    if text is not None:
+        sentences = [text] + [s for s in sentences if s != text]
+    if not sentences or not all(isinstance(s, str) and s.strip() for s in sentences):
+        raise ValueError(f"sentences must be non-empty strings, got {sentences!r}")
+    N, H = model.num_layers, model.num_heads
+    layers, heads = list(range(1, N + 1)), list(range(1, H + 1))
+    cache: dict[str, tuple] = {}
+
+    def run(sentence: str) -> tuple:
+        if sentence not in cache:
+            enc = tokenize(tokenizer, sentence)
+            with torch.no_grad():
+                _, att = model(enc.input_ids, enc.attention_mask)
+            stats = head_stats(att, enc.tokens, enc.attention_mask)  # {measure: (N, H)}
+            cache[sentence] = enc.tokens[0], torch.stack([a[0] for a in att]), stats  # (N, H, T, S)
+        return cache[sentence]
+
+    def compute(layer: int, head: int, sentence: str) -> dict:
+        tokens, att, stats = run(sentence)
+        w = att[layer - 1, head - 1]  # (T, S)
+        shares = {m: stats[m][layer - 1, head - 1].item() for m in MEASURES}
+        return {"layer": layer, "head": head, "sentence": sentence, "tokens": tokens, "weights": w,
+                "shares": shares, "top": max(shares, key=lambda m: shares[m])}
+
+    def layout(d: dict) -> tuple[str, ...]:
+        return tuple(d["tokens"])  # the tick labels depend on the sentence
+
+    def build(d: dict) -> tuple[Figure, dict[str, Any]]:
+        key = layout(d)
+        T = len(key)
+        fig = Figure(figsize=(8.0, 4.6), dpi=72)
+        ax = fig.add_axes((0.11, 0.2, 0.5, 0.72))
+        image = ax.imshow(torch.zeros(T, T).numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest",
+                          aspect="auto")
+        ax.set_xticks(range(T), labels=list(key), rotation=90, fontsize=8)
+        ax.set_yticks(range(T), labels=list(key), fontsize=8)
+        ax.set_xlabel("key (attended to)", fontsize=8)
+        ax.set_ylabel("query", fontsize=8)
+        bx = fig.add_axes((0.76, 0.2, 0.21, 0.72))
+        bars = bx.barh(range(len(MEASURES)), [0.0] * len(MEASURES), color="tab:blue")
+        bx.set_yticks(range(len(MEASURES)), labels=list(MEASURES), fontsize=8)
+        bx.invert_yaxis()
+        bx.set_xlim(0, 1)
+        bx.set_xlabel("share of weight (mean over words)", fontsize=8)
+        title = fig.suptitle(" ", fontsize=10)
+        return fig, {"image": image, "bars": bars, "title": title}
+
+    def redraw(d: dict, art: dict[str, Any]) -> None:
+        art["image"].set_data(d["weights"].numpy())
+        for rect, m in zip(art["bars"], MEASURES):
+            rect.set_width(d["shares"][m])
+        art["title"].set_text(f"layer {d['layer']}, head {d['head']}")
+
+    def caption(d: dict) -> str:
+        s = d["shares"]
+        return (f"layer {d['layer']}, head {d['head']}: mostly {d['top']} ({s[d['top']]:.0%}); previous "
+                f"{s['previous']:.0%}, next {s['next']:.0%}, self {s['self']:.0%}, [CLS] {s['[CLS]']:.0%}, "
+                f"[SEP] {s['[SEP]']:.0%}, punctuation {s['punctuation']:.0%}")
+
+    return Explorer(
+        "MiniLM's heads",
+        [
+            Control("layer", layers, 1, label="layer", static=list(static_layers or layers)),
+            Control("head", heads, static_heads[0] if static_heads else 1, label="head",
+                    static=list(static_heads or [1])),
+            Control("sentence", sentences, sentences[0], label="sentence", kind="dropdown",
+                    static=sentences[:max(1, static_sentences)]),
+        ],
+        compute, caption=caption, layout=layout, build=build, redraw=redraw,
+    )
+
+
+minilm_head_explorer = minilm_explorer  # the name chapter 10 was written with

@@ -1,0 +1,9 @@
+// What a scrubber's range input runs when it moves (`this` is the input). The frame to show is the sum of
+// each range's position times its stride (the first control varies slowest); each range's label shows
+// its value. Lines are trimmed and joined without separators, so every line must end a statement or a
+// brace; lines starting with // are dropped.
+var r=this.closest('.attnbook-explorer'),i=0;
+r.querySelectorAll('input.ab-range').forEach(function(s){
+  i+=s.value*s.dataset.stride;
+  s.parentNode.querySelector('.ab-value').textContent=JSON.parse(s.dataset.labels)[s.value];});
+r.querySelectorAll('.ab-frame').forEach(function(f){f.style.display=(f.dataset.i==i)?'':'none';});

@@ -1,0 +1,288 @@
+"""Chapter 7's explorer: every head of a trained toy seq2seq model, on an input you pick.
+
+Pick a toy task, one of a few prepared inputs, an attention block and a layer,
+and see every head's map of a trained :class:`attnbook.tasks.Seq2SeqTransformer`
+on that input, with what the model writes.
+
+Dimension legend:
+    H  number of heads
+    S  source length (``task.src_len``)
+    L  target length including the final EOS (``task.tgt_len + 1``)
+    T  query length of the block shown: S for the encoder, L for the decoder
+    K  key length of the block shown: S for the encoder and cross-attention, L
+       for the decoder's self-attention
+
+The decoder runs on its **own** greedy output (BOS, then what it wrote), so the
+maps are exactly the weights it used while writing: decoder row ``k`` is the
+query that writes output token ``k``.
+
+    models = {"copy": (copy_model, copy_task(10)), "reverse": (reverse_model, reverse_task(10))}
+    examples = {"copy": ["3141592653", "0000011111"], "reverse": ["3141592653", "0123456789"]}
+    explorer = trained_heads_explorer(models, examples)
+    explorer.update(task="reverse", kind="cross-attention")["weights"]   # (H, L, S)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+
+from .._checks import check_int
+from ..plotting import heads_mosaic
+from ..tasks import Seq2SeqTransformer, Task
+from ..train import predict
+from .base import Control, Explorer
+
+__all__ = ["KINDS", "TaskAttention", "run_with_attention", "trained_heads_explorer", "trained_head_explorer"]
+
+# what the reader picks -> the key of Seq2SeqTransformer's attention dict
+KINDS = {
+    "encoder self-attention": "encoder",
+    "decoder self-attention": "decoder_self",
+    "cross-attention": "decoder_cross",
+}
+_KIND_HELP = {
+    "encoder": "rows: source positions (queries), columns: source positions (keys)",
+    "decoder_self": "rows: the output token each query writes, columns: the decoder's input (BOS, then the output so far)",
+    "decoder_cross": "rows: the output token each query writes, columns: the source it reads",
+}
+
+
+def _short(token: str) -> str:
+    """``"<eos>"`` -> ``"eos"``: special tokens without brackets, so tick labels stay narrow."""
+    return token[1:-1] if token.startswith("<") and token.endswith(">") else token
+
+
+@dataclass
+class TaskAttention:
+    """One input run through a trained seq2seq model, with every attention map.
+
+    Attributes:
+        task: the task.
+        source: the input text, e.g. ``"123+456"``.
+        src: ``(1, S)`` its token ids.
+        output: ``(1, L)`` what the model wrote (greedy, PAD after its EOS).
+        target: ``(1, L)`` the correct answer (``task.solve``).
+        weights: ``{"encoder" | "decoder_self" | "decoder_cross": [(H, T, K) per layer]}``.
+        labels: for each kind, ``(query labels (T,), key labels (K,))``.
+    """
+
+    task: Task
+    source: str
+    src: torch.Tensor
+    output: torch.Tensor
+    target: torch.Tensor
+    weights: dict[str, list[torch.Tensor]]
+    labels: dict[str, tuple[list[str], list[str]]]
+
+    @property
+    def prediction(self) -> str:
+        """What the model wrote, as text (up to its EOS)."""
+        text = self.task.decode(self.output[0])  # (L,) -> one string
+        assert isinstance(text, str)
+        return text
+
+    @property
+    def correct(self) -> bool:
+        """Every answer token and the final EOS right."""
+        return bool(torch.equal(self.output, self.target))
+
+    def pretty(self, which: str = "output") -> str:
+        """``task.pretty`` of the source with the model's ``"output"`` or the correct ``"target"``."""
+        return self.task.pretty(self.src, self.output if which == "output" else self.target)[0]
+
+    def alignment_shares(self, layer: int = 0) -> torch.Tensor:
+        """``(H,)``: per head, the mean share of cross-attention (layer ``layer``)
+        on the expected source positions (:meth:`attnbook.tasks.Task.alignment_targets`),
+        over the output tokens that have one: one input's version of
+        :func:`attnbook.train.attention_alignment`."""
+        expected = self.task.alignment_targets(self.src, self.target)[0].float()  # (L, S)
+        rows = expected.sum(-1) > 0  # (L,)
+        w = self.weights["decoder_cross"][layer]  # (H, L, S)
+        on_target = (w * expected).sum(-1)  # (H, L)
+        return on_target[:, rows].mean(-1)  # (H,)
+
+
+def _check_seq2seq(name: str, model: object) -> None:
+    if not isinstance(model, Seq2SeqTransformer):
+        raise TypeError(
+            f"{name}: the explorer shows encoder, decoder and cross-attention, so it needs an "
+            f"attnbook.tasks.Seq2SeqTransformer, got {type(model).__name__}"
+        )
+
+
+@torch.no_grad()
+def run_with_attention(model: Seq2SeqTransformer, task: Task, text: str) -> TaskAttention:
+    """Encode ``text``, let ``model`` write its answer greedily, and collect the
+    attention weights of every block while the decoder reads its own output."""
+    _check_seq2seq("model", model)
+    if not isinstance(task, Task):
+        raise TypeError(f"task must be an attnbook.tasks.Task, got {type(task).__name__}")
+    src = task.encode(text)  # (1, S)
+    output = predict(model, task, src).cpu()  # (1, L)
+    bos = torch.full_like(output[:, :1], task.vocab.bos_id)
+    tgt_in = torch.cat([bos, output[:, :-1]], dim=1)  # (1, L): BOS, then the output shifted right
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        _, attn = model(src.to(device), tgt_in.to(device), return_attention=True)
+    finally:
+        model.train(was_training)
+    weights = {kind: [w[0].float().cpu() for w in per_layer] for kind, per_layer in attn.items()}  # (H, T, K) each
+    tokens = task.vocab.tokens
+    src_labels = [tokens[i] for i in src[0].tolist()]
+    out_labels = [_short(tokens[i]) for i in output[0].tolist()]
+    in_labels = [_short(tokens[i]) for i in tgt_in[0].tolist()]
+    labels = {
+        "encoder": (src_labels, src_labels),
+        "decoder_self": (out_labels, in_labels),
+        "decoder_cross": (out_labels, src_labels),
+    }
+    return TaskAttention(task, text, src, output, task.solve(src), weights, labels)
+
+
+def _build_figure(H: int, T: int, K: int, ncols: int) -> tuple[Figure, dict[str, Any]]:
+    """One figure per layout (heads, query and key lengths): the mosaic image, the
+    tick-label texts and the title are the only artists that change."""
+    nrows = -(-H // ncols)
+    cell = max(0.17, 1.6 / K)  # inches per attention cell: tiles at least 1.6 inches wide
+    rows, cols = nrows * (T + 1) - 1, ncols * (K + 1) - 1  # the mosaic's size in cells
+    left, right, bottom, top = 0.4, 0.1, 0.2, 0.62  # inches: query labels, key labels, title and head names
+    width = max(cols * cell + left + right, 4.5)
+    height = rows * cell + bottom + top
+    fig = Figure(figsize=(width, height), dpi=72)
+    ax = fig.add_axes((left / width, bottom / height, cols * cell / width, rows * cell / height))
+    image = ax.imshow(heads_mosaic(torch.zeros(H, T, K), ncols).numpy(), cmap="viridis", vmin=0, vmax=1,
+                      interpolation="nearest", aspect="auto")
+    ax.set_xlim(-0.5, cols - 0.5)
+    ax.set_ylim(rows - 0.5, -0.5)
+    ax.axis("off")
+    for h in range(H):
+        r, c = divmod(h, ncols)
+        ax.text(c * (K + 1) + (K - 1) / 2, r * (T + 1) - 0.6, f"head {h}", fontsize=7, ha="center", va="bottom")
+    below = rows - 0.3  # key labels under the last row of tiles (the same for every tile)
+    key_texts = [ax.text(c * (K + 1) + j, below, "", fontsize=6, ha="center", va="top")
+                 for c in range(ncols) for j in range(K)]
+    query_texts = [ax.text(-0.7, r * (T + 1) + i, "", fontsize=6, ha="right", va="center")
+                   for r in range(nrows) for i in range(T)]
+    title = fig.text(0.05 / width, 1 - 0.04 / height, " ", fontsize=8, ha="left", va="top")
+    return fig, {"image": image, "title": title, "keys": key_texts, "queries": query_texts}
+
+
+def trained_heads_explorer(
+    models: Mapping[str, tuple[Seq2SeqTransformer, Task]],
+    examples: Mapping[str, Sequence[str]],
+    *,
+    static_examples: int | None = None,
+    title: str = "Trained attention heads",
+) -> Explorer:
+    """Task, example input, attention kind and layer -> every head's map of that
+    task's trained model on that input, and what the model writes.
+
+    Args:
+        models: task name -> ``(model, task)``; each model an
+            :class:`attnbook.tasks.Seq2SeqTransformer` trained on ``task``.
+        examples: task name -> the inputs to choose from (text as for
+            ``task.encode``); the same number for every task, since the
+            example control picks them by number.
+        static_examples: how many of the examples the book's scrubber
+            pre-renders (default: all). Static frames: tasks x static examples
+            x 3 kinds x layers.
+        title: the explorer's title.
+
+    ``explorer.data`` holds ``weights (H, T, K)``, the labels, the input, the
+    prediction and, for cross-attention, ``shares (H,)``: each head's share of
+    attention on the expected source positions for this input. Each input is
+    run through its model once, on first use, and kept.
+    """
+    if not models:
+        raise ValueError("models is empty; give at least one task name -> (model, task)")
+    if set(models) != set(examples):
+        raise ValueError(f"models and examples must have the same task names, got {sorted(models)} and {sorted(examples)}")
+    names = list(models)
+    for name in names:
+        pair = models[name]
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise TypeError(f"models[{name!r}] must be a (model, task) tuple, got {type(pair).__name__}")
+        _check_seq2seq(f"models[{name!r}]", pair[0])
+        if not isinstance(pair[1], Task):
+            raise TypeError(f"models[{name!r}]: the second item must be an attnbook.tasks.Task, got {type(pair[1]).__name__}")
+    counts = {name: len(examples[name]) for name in names}
+    if min(counts.values()) < 1 or len(set(counts.values())) != 1:
+        raise ValueError(f"give the same number (>= 1) of examples for every task, got {counts}")
+    n_examples = counts[names[0]]
+    for name in names:
+        task = models[name][1]
+        for text in examples[name]:
+            try:
+                task.encode(text)
+            except ValueError as err:
+                raise ValueError(f"examples[{name!r}]: {text!r} is not a {task.name} source: {err}") from None
+    static_examples = n_examples if static_examples is None else check_int("static_examples", static_examples,
+                                                                            1, n_examples)
+    max_layers = max(max(len(m.encoder.layers), len(m.decoder.layers)) for m, _ in models.values())
+    runs: dict[tuple[str, int], TaskAttention] = {}
+
+    def compute(task: str, example: int, kind: str, layer: int) -> dict:
+        key = (task, example)
+        if key not in runs:
+            model, t = models[task]
+            runs[key] = run_with_attention(model, t, examples[task][example])
+        run = runs[key]
+        k = KINDS[kind]
+        per_layer = run.weights[k]
+        shown = min(layer, len(per_layer) - 1)  # a shallower model shows its last layer
+        queries, keys = run.labels[k]
+        data: dict[str, Any] = {
+            "task": task, "example": example, "kind": kind, "block": k, "layer": shown,
+            "num_layers": len(per_layer), "weights": per_layer[shown], "queries": queries, "keys": keys,
+            "source": run.source, "prediction": run.prediction, "pretty": run.pretty(),
+            "answer": run.pretty("target"), "correct": run.correct, "shares": None, "run": run,
+        }
+        if k == "decoder_cross":
+            data["shares"] = run.alignment_shares(shown)
+        return data
+
+    def layout(d: dict) -> tuple[int, int, int, int]:
+        H, T, K = d["weights"].shape
+        return H, T, K, min(H, 8)  # heads, query and key lengths, heads per row
+
+    def build(d: dict) -> tuple[Figure, dict[str, Any]]:
+        return _build_figure(*layout(d))
+
+    def redraw(d: dict, f: dict[str, Any]) -> None:
+        H, T, K, ncols = layout(d)
+        f["image"].set_data(heads_mosaic(d["weights"], ncols).numpy())  # one image for all heads
+        for i, t in enumerate(f["keys"]):
+            t.set_text(d["keys"][i % K])
+        for i, t in enumerate(f["queries"]):
+            t.set_text(d["queries"][i % T])
+        f["title"].set_text(f"{d['task']}: {d['kind']}, layer {d['layer']}\n{_KIND_HELP[d['block']]}")
+
+    def caption(d: dict) -> str:
+        verdict = "correct" if d["correct"] else f"wrong: the answer is {d['answer']}"
+        text = f"{d['task']}: the model writes {d['pretty']} ({verdict})."
+        if d["shares"] is not None:
+            shares = ", ".join(f"{s:.2f}" for s in d["shares"].tolist())
+            text += f" Share of each head's attention on the expected source positions: {shares}."
+        return text
+
+    return Explorer(
+        title,
+        [
+            Control("task", names, names[0], label="task", kind="toggle"),
+            Control("example", list(range(n_examples)), 0, label="example",
+                    static=list(range(static_examples)), fmt=lambda i: f"#{i + 1}"),
+            Control("kind", list(KINDS), "cross-attention", label="attention", kind="dropdown"),
+            Control("layer", list(range(max_layers)), 0, label="layer"),
+        ],
+        compute, caption=caption, layout=layout, build=build, redraw=redraw,
+    )
+
+
+trained_head_explorer = trained_heads_explorer  # the name chapter 7 was written with

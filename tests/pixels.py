@@ -1,0 +1,78 @@
+"""Pixel checks for the explorers: what a rendered frame shows, not only that a PNG was written.
+
+An explorer's fast path (:class:`attnbook.explorers.base.FastFigure`) redraws only the artists its
+``build`` hook names over a cached background. An artist that changes but was left out of that list
+silently freezes: the frame keeps showing its old state. :func:`assert_blit_matches_full_render` catches
+that by comparing the fast frames of two states with full ``savefig`` renders of the same figure.
+
+Stated tolerances (a pixel "differs" when a colour channel differs by more than 32 of 255):
+
+* the fast frame may differ from the full render on at most 2% of its pixels: a changing artist is drawn
+  over the whole background, so it covers an axes frame or grid line that a full render draws on top;
+* of the pixels that the full render changes (by more than 32) between the two states, at most 0.02% of
+  the frame (at least 10 pixels) may stay unchanged (within 8) in the fast frames: a frozen artist (a
+  title, a label) leaves hundreds. (The two thresholds differ because a changing bar drawn over a faint
+  grid line changes a pixel a little less than the same bar drawn under it.)
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from matplotlib.figure import Figure
+from PIL import Image
+
+from attnbook.explorers.base import Explorer, figure_png
+
+CHANNEL_STEP = 32
+STILL_STEP = 8
+MAX_MISMATCH_SHARE = 0.02
+MAX_FROZEN_SHARE = 0.0002
+
+
+def png_pixels(png: bytes) -> np.ndarray:
+    """Decode PNG bytes (refusing anything else) into an RGB array (height, width, 3) of ints."""
+    image = Image.open(io.BytesIO(png))
+    assert image.format == "PNG", f"not a PNG: {image.format}"
+    return np.asarray(image.convert("RGB")).astype(np.int16)
+
+
+def full_render(fig: Figure) -> np.ndarray:
+    """The figure rendered from scratch by ``savefig`` (every artist, in z-order), as RGB pixels."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=fig.dpi)
+    return png_pixels(buf.getvalue())
+
+
+def _differs(a: np.ndarray, b: np.ndarray, step: int = CHANNEL_STEP) -> np.ndarray:
+    return np.abs(a - b).max(axis=-1) > step
+
+
+def assert_shows_something(png: bytes) -> np.ndarray:
+    """A decodable PNG that is not one flat colour; returns its pixels."""
+    px = png_pixels(png)
+    assert px.shape[0] > 10 and px.shape[1] > 10, px.shape
+    assert len(np.unique(px.reshape(-1, 3), axis=0)) > 10, "the frame is (nearly) one flat colour"
+    return px
+
+
+def assert_blit_matches_full_render(explorer: Explorer, first: dict, second: dict) -> None:
+    """Set ``first`` then ``second`` (control values) and compare each state's fast frame with a full
+    render of the same figure, within the tolerances of the module docstring."""
+    explorer.update(**first)
+    fast_a, full_a = assert_shows_something(figure_png(explorer.figure)), full_render(explorer.figure)
+    explorer.update(**second)
+    fast_b, full_b = assert_shows_something(figure_png(explorer.figure)), full_render(explorer.figure)
+    for fast, full, which in ((fast_a, full_a, first), (fast_b, full_b, second)):
+        assert fast.shape == full.shape, f"{which}: fast frame {fast.shape} vs full render {full.shape}"
+        share = _differs(fast, full).mean()
+        assert share <= MAX_MISMATCH_SHARE, f"{which}: {share:.2%} of the fast frame differs from a full render"
+    if fast_a.shape != fast_b.shape:
+        return  # another layout: a new figure, nothing could freeze
+    changed_full = _differs(full_a, full_b)
+    assert changed_full.any(), f"the full render does not change from {first} to {second}"
+    frozen = int((changed_full & ~_differs(fast_a, fast_b, STILL_STEP)).sum())
+    limit = max(10, int(MAX_FROZEN_SHARE * changed_full.size))
+    assert frozen <= limit, (f"{frozen} pixels change in a full render from {first} to {second} but not in "
+                             f"the fast frame (limit {limit}): an artist is missing from build's artists")
