@@ -5,7 +5,8 @@ E model dim. Bool masks are True where a query may attend a key.
 
 Submodules: ``core`` (scaled dot-product attention), ``masks``, ``mha``
 (multi-head attention), ``positional``, ``widgets`` and ``explorer`` (the
-explorers), ``plotting``, ``exercises``.
+explorers), ``plotting``, ``exercises``, ``testing`` (check any attention
+implementation: ``attnbook.testing.check_attention``).
 """
 
 from . import masks
@@ -56,7 +57,7 @@ __all__ = [
 # `attnbook.widgets.saturation_explorer()` works after a plain `import attnbook`.
 _LAZY = {"widgets", "explorer", "plotting", "exercises", "measure", "efficient", "efficient_explorer", "task_explorer",
          "gqa_explorer", "layers", "tasks",
-         "train", "pretrained", "positional", "kvcache"}
+         "train", "pretrained", "positional", "kvcache", "testing"}
 
 
 def __getattr__(name):
