@@ -94,6 +94,42 @@ def test_torch_multihead_attention_through_a_call_adapter_shows_its_nan_rows():
     assert {"sdpa", "heads", "cross_attention", "scale"} <= set(r.held)
 
 
+class CausalByItself(attnbook.MultiHeadAttention):
+    """A decoder layer that builds its own bottom-right causal mask, cache or not."""
+
+    def forward(self, query, key=None, value=None, mask=None, *, need_weights=True, cache=None):
+        T = query.shape[1]
+        S = T + (len(cache) if cache is not None else 0)
+        own = attnbook.causal_mask(T, S, offset=S - T)  # (T, S)
+        return super().forward(query, key, value, own, need_weights=need_weights, cache=cache)
+
+
+def test_a_module_that_masks_by_itself():
+    torch.manual_seed(0)
+    r = run(CausalByItself(32, 4), causal=True)
+    assert r.ok, str(r)
+    assert {"sdpa", "causal_leak", "kv_cache", "heads"} <= set(r.held)
+    assert {"permutation", "cross_attention", "empty_rows", "causal_alignment"} <= set(r.not_applicable)
+    # without causal=True the checker passes masks that the module ignores
+    assert "sdpa" in run(CausalByItself(32, 4)).violated
+
+
+def test_cache_option():
+    torch.manual_seed(0)
+    module = attnbook.MultiHeadAttention(16, 2)
+    assert "kv_cache" in run(module, cache=False).not_applicable
+    assert "kv_cache" in run(module, cache=attnbook.KVCache).held
+    with pytest.raises(TypeError, match="cache must be None, True, False or a callable"):
+        check_attention(module, cache="yes")
+    with pytest.raises(ValueError, match="takes no `cache` argument"):
+        check_attention(nn.MultiheadAttention(16, 2, batch_first=True), cache=True)
+
+
+def test_call_adapts_a_function_with_another_signature():
+    r = run(F.scaled_dot_product_attention, call=lambda fn, q, k, v, mask: fn(q, k, v, attn_mask=mask))
+    assert r.ok and "sdpa" in r.held
+
+
 def test_pytorch_sdpa_itself():
     r = run(lambda q, k, v, mask=None: F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
     assert "weights" in r.not_applicable  # it returns no weights
@@ -335,6 +371,8 @@ def test_the_report_prints_one_line_per_invariant_with_its_words(capsys):
     assert printed.count(" held (") == len(r.held) and printed.count(" violated (") == 1
     assert "=> 1 of 10 violated: empty_rows" in printed
     assert isinstance(r, AttentionReport) and not r.ok
+    assert printed.startswith("check_attention(fill_inf)")
+    assert str(run(fill_inf, name="fill with -inf")).startswith("check_attention(fill with -inf)")
     with pytest.raises(KeyError, match="no invariant 'nope'"):
         r["nope"]
 
@@ -356,6 +394,7 @@ def test_tolerances_are_dtype_aware():
     assert "sdpa" in loose.held
     tight = run(lambda q, k, v, mask=None: attention(q.float(), k.float(), v.float(), mask)[0].double())
     assert "sdpa" in tight.violated  # float32 rounding is more than float64's 1e-10
+    assert tight["scale"].held and "fitted" in tight["scale"].detail  # but the scale is the right one
 
 
 # ---------------------------------------------------------------------------
