@@ -24,6 +24,8 @@ Submodules, one concept each:
   and one module per family, each with a ``<family>_explorer()`` factory:
   ``saturation``, ``heads``, ``masks``, ``positions``, ``trained_heads``,
   ``efficient``, ``gqa``, ``minilm``);
+* checking anyone's attention: ``testing`` (``testing.check_attention``, an
+  invariant battery for any attention function or module);
 * old names kept for the chapters: ``widgets``, ``explorer``,
   ``efficient_explorer``, ``gqa_explorer``, ``task_explorer`` (re-exports of
   ``explorers``);
@@ -98,7 +100,7 @@ __all__ = [
 # `attnbook.widgets.saturation_explorer()` works after a plain `import attnbook`.
 _LAZY = {"core", "mha", "positional", "kvcache", "layers", "efficient", "tasks", "train", "pretrained", "measure",
          "plotting", "exercises", "explorers", "widgets", "explorer", "efficient_explorer", "gqa_explorer",
-         "task_explorer"}
+         "task_explorer", "testing"}
 
 
 def __getattr__(name: str) -> Any:

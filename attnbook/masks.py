@@ -15,6 +15,14 @@ conventions you will meet, and the converters for them:
   (:func:`to_additive`, :func:`from_additive`).
 * sequence lengths: int ``(B,)``, the first ``length`` keys are real
   (:func:`padding_mask`, :func:`lengths_from_mask`).
+* Hugging Face's ``attention_mask``: int ``(B, S)``, 1 = real token, 0 = padding
+  (:func:`from_hf_attention_mask`, :func:`to_hf_attention_mask`); the models
+  turn it into an additive ``(B, 1, T, S)`` mask, which is
+  ``to_additive(from_hf_attention_mask(m, T, causal=True), dtype)``.
+* PyTorch's causal biases ``torch.nn.attention.bias.causal_upper_left`` (top-left,
+  as ``is_causal=True``) and ``causal_lower_right`` (bottom-right, the KV-cache
+  alignment) (:func:`from_causal_bias`; :func:`causal_mask` with ``offset=0`` or
+  ``offset=S - T``).
 """
 
 from __future__ import annotations
@@ -38,6 +46,9 @@ __all__ = [
     "to_additive",
     "from_additive",
     "lengths_from_mask",
+    "from_hf_attention_mask",
+    "to_hf_attention_mask",
+    "from_causal_bias",
 ]
 
 
@@ -167,3 +178,59 @@ def lengths_from_mask(mask: torch.Tensor) -> torch.Tensor:
     return mask.reshape(mask.shape[0], -1).sum(dim=-1)
 
 
+
+
+def from_hf_attention_mask(attention_mask: torch.Tensor, T: int | None = None, *, causal: bool = False) -> torch.Tensor:
+    """Hugging Face's ``attention_mask`` ``(B, S)`` (1 = real token, 0 = padding; int or bool) to ours.
+
+    Returns bool ``(B, 1, 1, S)``, True = may attend, or with ``causal=True`` the
+    ``(B, 1, T, S)`` mask a decoder uses: padding AND causal, with the ``T`` queries
+    (default ``S``) at the last T of the S positions (bottom-right, as Hugging Face
+    numbers a query by its cache position). ``to_additive(..., dtype)`` of the
+    result is the 4-D float mask Hugging Face's eager attention adds to the scores.
+    """
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}")
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must be (B, S), got shape {tuple(attention_mask.shape)}")
+    if attention_mask.dtype.is_floating_point or attention_mask.is_complex():
+        raise TypeError(f"attention_mask must hold ints or bools (1 = real token), got {attention_mask.dtype}")
+    if attention_mask.dtype != torch.bool and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        raise ValueError(f"attention_mask must hold only 0 and 1, got values {attention_mask.unique().tolist()}")
+    real = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+    if not causal:
+        if T is not None:
+            raise ValueError("T is only used with causal=True (a padding mask broadcasts over the queries)")
+        return real
+    S = attention_mask.shape[1]
+    T = S if T is None else check_int("T", T)
+    if T > S:
+        raise ValueError(f"T={T} queries cannot be the last T of S={S} key positions")
+    return real & causal_mask(T, S, offset=S - T, device=attention_mask.device)  # (B, 1, T, S)
+
+
+def to_hf_attention_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Ours, a padding mask ``(B, 1, 1, S)`` or ``(B, S)`` (True = real token), to Hugging Face's
+    ``attention_mask``: int64 ``(B, S)``, 1 = real token, 0 = padding."""
+    if mask.dtype != torch.bool:
+        raise TypeError(f"expected a bool mask, got {mask.dtype}")
+    if mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1:
+        mask = mask[:, 0, 0, :]  # (B, S)
+    if mask.dim() != 2:
+        raise ValueError(
+            f"only a padding mask (B, 1, 1, S) or (B, S) has a Hugging Face attention_mask, got shape {tuple(mask.shape)}"
+        )
+    return mask.long()
+
+
+def from_causal_bias(bias) -> torch.Tensor:
+    """A ``torch.nn.attention.bias.CausalBias`` (``causal_upper_left(T, S)`` or
+    ``causal_lower_right(T, S)``) as our bool ``(T, S)`` mask: ``causal_mask(T, S)``
+    for upper left, ``causal_mask(T, S, offset=S - T)`` for lower right."""
+    from torch.nn.attention.bias import CausalBias, CausalVariant
+
+    if not isinstance(bias, CausalBias):
+        raise TypeError(f"expected a torch.nn.attention.bias.CausalBias, got {type(bias).__name__}")
+    T, S = bias.seq_len_q, bias.seq_len_kv
+    offset = S - T if bias.variant == CausalVariant.LOWER_RIGHT else 0
+    return causal_mask(T, S, offset=offset)

@@ -12,7 +12,7 @@ from tools.execute import differences, pair
 from tools.setup_cell import MARKER, repository_url, setup_source
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
+CHAPTERS = sorted((ROOT / "chapters").glob("[0-9A-Z][0-9]_*.ipynb"))  # chapters NN_, appendices A1_, A2_, ...
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 

@@ -1,0 +1,1200 @@
+"""Check any attention implementation against a battery of invariants.
+
+Dimension legend:
+    B  batch size
+    H  number of query heads
+    Hkv number of key/value heads (H for plain multi-head attention)
+    G  query heads per key/value head (H // Hkv)
+    T  query length,  S  key/value length
+    D  head dimension
+    E  model dimension (``d_model`` = H * D)
+
+:func:`check_attention` takes your attention, a function or an ``nn.Module``,
+runs it on random inputs and prints one line per invariant, ``held`` or
+``violated`` with the number it measured, then returns an
+:class:`AttentionReport`. The first invariant, equality with
+``torch.nn.functional.scaled_dot_product_attention``, says *whether* the
+implementation is right; the others say *why not*: each one looks at a single
+property (row sums, the scale, the heads, the causal mask, the dtype, ...) and,
+where a convention is measured (the scale, the causal alignment, the RoPE
+pairing, the ALiBi slopes), the other checks use the measured one, so that one
+bug lights up the invariant that names it rather than all of them.
+
+Calling conventions:
+
+* a function is called as ``fn(q, k, v, mask=mask)`` (``fn(q, k, v)`` when there
+  is no mask) with q ``(B, H, T, D)``, k and v ``(B, Hkv, S, D)``, and returns the
+  output ``(B, H, T, D)`` or ``(output, weights)`` with weights ``(B, H, T, S)``;
+* a module is called as ``module(x, mask=mask)`` for self-attention and
+  ``module(x, memory, memory, mask=mask)`` for cross-attention, with x
+  ``(B, T, E)``, and returns the output ``(B, T, E)`` or ``(output, weights)``;
+  ``cache=`` is passed for cached decoding. The module-level checks read its
+  weights from ``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj``
+  (``nn.Linear``, as in attnbook and Hugging Face) and its ``num_heads`` and
+  ``num_kv_heads``; a ``torch.nn.MultiheadAttention`` is read too.
+
+``call=`` adapts any other convention (see :func:`check_attention`).
+
+Masks are built in the course's convention (bool, True = may attend) and
+converted to the one you declare with ``mask_convention``.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+from . import masks as _masks
+from .kvcache import KVCache
+from .positional import alibi_slopes, apply_rotary
+
+__all__ = ["check_attention", "AttentionReport", "InvariantResult", "INVARIANTS", "MASK_CONVENTIONS", "tolerance"]
+
+# (name, the line's title), in the order they are checked and printed
+INVARIANTS = (
+    ("sdpa", "equals F.scaled_dot_product_attention"),
+    ("weights", "weight rows sum to 1, output = weights @ v"),
+    ("permutation", "permutation equivariant (no positions)"),
+    ("causal_leak", "no future leak under a causal mask"),
+    ("padding", "padded keys get no weight"),
+    ("causal_alignment", "causal alignment for T != S"),
+    ("low_precision", "finite and close in float16 and bfloat16"),
+    ("empty_rows", "fully masked rows give zeros, not NaN"),
+    ("scale", "scores scaled by 1/sqrt(D), D = head dim"),
+    ("heads", "each head reads only its own slice"),
+    ("cross_attention", "cross-attention with S != T"),
+    ("kv_cache", "cached decoding equals full decoding"),
+    ("deterministic", "deterministic (no dropout at evaluation)"),
+    ("rope", "RoPE pairing of the features"),
+    ("alibi", "ALiBi slopes, checked for 8 and 12 heads"),
+)
+_TITLES = dict(INVARIANTS)
+
+# the mask conventions check_attention can hand to your code; the last two express padding only
+MASK_CONVENTIONS = ("allowed", "blocked", "additive", "key_padding", "hf")
+_PADDING_ONLY = ("key_padding", "hf")
+_ALIGNMENTS = {"top-left": 0, "bottom-right": 1}
+_PAIRINGS = ("interleaved", "half-split")
+
+_TOLERANCES = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """The absolute tolerance the battery allows in ``dtype`` (outputs of size about 1):
+    1e-10 in float64, 1e-5 in float32, 1e-2 in float16, 5e-2 in bfloat16."""
+    if dtype not in _TOLERANCES:
+        raise TypeError(f"no tolerance for {dtype}: use one of {', '.join(str(d) for d in _TOLERANCES)}")
+    return _TOLERANCES[dtype]
+
+
+# ---------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InvariantResult:
+    """One invariant: ``status`` is ``"held"``, ``"violated"`` or ``"n/a"``; ``measured`` is the
+    number behind it (a max |difference|, a scale ratio, ...) and ``tolerance`` the bound it was held to."""
+
+    name: str
+    status: str
+    detail: str
+    measured: float | None = None
+    tolerance: float | None = None
+
+    @property
+    def title(self) -> str:
+        return _TITLES[self.name]
+
+    @property
+    def held(self) -> bool:
+        return self.status == "held"
+
+    @property
+    def violated(self) -> bool:
+        return self.status == "violated"
+
+    def line(self) -> str:
+        return f"{self.title:<44} {self.status} ({self.detail})"
+
+
+@dataclass
+class AttentionReport:
+    """What :func:`check_attention` found: one :class:`InvariantResult` per invariant, by name."""
+
+    subject: str
+    results: dict[str, InvariantResult] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> InvariantResult:
+        if name not in self.results:
+            raise KeyError(f"no invariant {name!r}; the invariants are {', '.join(self.results)}")
+        return self.results[name]
+
+    def __iter__(self):
+        return iter(self.results.values())
+
+    @property
+    def violated(self) -> list[str]:
+        """Names of the violated invariants, in battery order."""
+        return [r.name for r in self if r.violated]
+
+    @property
+    def held(self) -> list[str]:
+        return [r.name for r in self if r.held]
+
+    @property
+    def not_applicable(self) -> list[str]:
+        return [r.name for r in self if r.status == "n/a"]
+
+    @property
+    def ok(self) -> bool:
+        """True when no invariant is violated."""
+        return not self.violated
+
+    def __str__(self) -> str:
+        lines = [f"check_attention({self.subject})"]
+        lines += ["  " + r.line() for r in self if r.status != "n/a"]
+        if self.not_applicable:
+            lines.append("  not applicable here: " + ", ".join(self.not_applicable))
+        n = sum(r.status != "n/a" for r in self)
+        if self.violated:
+            lines.append(f"  => {len(self.violated)} of {n} violated: {', '.join(self.violated)}")
+        else:
+            lines.append(f"  => all {n} held")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+
+
+def _shape(t) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+def _bound(tol: float) -> str:
+    return f"{tol:.0e}".replace("e-0", "e-")
+
+
+def _num(x: float) -> str:
+    """A measured number at 2 significant figures (what survives another CPU's rounding)."""
+    if x != x:
+        return "NaN"
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.2g}"
+
+
+def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| in float64; NaN or inf anywhere in a makes it inf."""
+    a, b = a.detach().to(torch.float64), b.detach().to(torch.float64)
+    if not torch.isfinite(a).all():
+        return math.inf
+    return float((a - b).abs().max()) if a.numel() else 0.0
+
+
+def _raised(err: Exception) -> str:
+    msg = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if len(msg) > 70:
+        msg = msg[:67] + "..."
+    return f"raised {type(err).__name__}" + (f": {msg}" if msg else "")
+
+
+class _OutputTypeError(TypeError):
+    """The implementation returned something that is not an attention output."""
+
+
+class _OutputShapeError(ValueError):
+    """The implementation returned an output of the wrong shape."""
+
+
+def _split_result(res, what: str):
+    """(output, weights or None) from what the implementation returned."""
+    if isinstance(res, torch.Tensor):
+        return res, None
+    if isinstance(res, (tuple, list)) and res and isinstance(res[0], torch.Tensor):
+        w = res[1] if len(res) > 1 and isinstance(res[1], torch.Tensor) else None
+        return res[0], w
+    raise _OutputTypeError(f"{what} must return the output tensor or (output, weights), got {type(res).__name__}")
+
+
+def _ones_row(g: torch.Generator, mask: torch.Tensor) -> torch.Tensor:
+    """Make sure every query row of a bool mask (..., T, S) allows at least one key."""
+    S = mask.shape[-1]
+    pick = torch.randint(0, S, mask.shape[:-1], generator=g)  # (..., T)
+    return mask | F.one_hot(pick, S).bool()
+
+
+def _random_mask(g, B, T, S) -> torch.Tensor:
+    """Bool (B, 1, T, S), about 70% True, at least one key per query."""
+    return _ones_row(g, torch.rand(B, 1, T, S, generator=g) < 0.7)
+
+
+def _random_padding(g, B, S, *, empty_last: bool = False) -> torch.Tensor:
+    """Bool (B, 1, 1, S) padding mask: the first sequence is full, the others have random lengths >= 1,
+    or with ``empty_last`` the last one has no real key at all."""
+    lengths = torch.randint(1, S + 1, (B,), generator=g)  # (B,)
+    lengths[0] = S
+    if empty_last:
+        lengths[-1] = 0
+    return _masks.padding_mask(lengths, S)
+
+
+def _causal(T: int, S: int, alignment: str) -> torch.Tensor:
+    """Bool (T, S), True = may attend: top-left (query i sees keys j <= i) or
+    bottom-right (the queries are the last T of S positions: j <= i + S - T)."""
+    return _masks.causal_mask(T, S, offset=S - T if alignment == "bottom-right" else 0)
+
+
+# ---------------------------------------------------------------------------
+# The checker
+# ---------------------------------------------------------------------------
+
+
+class _Checker:
+    def __init__(self, fn, *, causal, mask_convention, groups, rope, rope_base, alibi, call, cache, dtype, tol, seed):
+        self.fn = fn
+        self.is_module = isinstance(fn, nn.Module)
+        self.causal = causal
+        self.alignment = causal if isinstance(causal, str) else None  # the declared one
+        self.mask_convention = mask_convention
+        self.padding_only = isinstance(mask_convention, str) and mask_convention in _PADDING_ONLY
+        self.groups = groups
+        self.rope = rope
+        self.rope_base = rope_base
+        self.alibi = alibi
+        self.call = call
+        self.dtype = dtype
+        self.tol = tol
+        self.seed = seed
+        # conventions measured by their own invariant, used by the other diagnostic checks
+        self.measured_alignment = None
+        self.measured_pairing = None
+        self.measured_scale = None
+        self._alibi_cache: dict[int, torch.Tensor] = {}
+        self.spec = None
+        if self.is_module:
+            self.module = copy.deepcopy(fn).to(dtype).eval()
+            self.spec = _module_spec(self.module)
+            self.cache_factory = self._cache_factory(cache)
+
+    def width(self) -> int:
+        """The module's model width E."""
+        if self.spec is not None:
+            return self.spec["E"]
+        for name in ("d_model", "embed_dim", "hidden_size"):
+            if isinstance(getattr(self.module, name, None), int):
+                return getattr(self.module, name)
+        raise ValueError("cannot tell the module's width E: give it q_proj/k_proj/v_proj/out_proj "
+                         "(nn.Linear) or a d_model attribute")
+
+    def mask_for(self, g, B, T, S):
+        """A random mask in the course's convention that leaves every query a key: (B, 1, T, S), or a
+        padding mask (B, 1, 1, S) when the declared convention expresses padding only."""
+        return _random_padding(g, B, S) if self.padding_only else _random_mask(g, B, T, S)
+
+    # -- inputs and calls ----------------------------------------------------
+
+    def gen(self, offset: int = 0) -> torch.Generator:
+        return torch.Generator().manual_seed(self.seed * 1000 + offset)
+
+    def randn(self, g, *shape, dtype=None) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype or self.dtype)
+
+    def convert(self, mask: torch.Tensor | None, dtype: torch.dtype, T: int):
+        """The course's bool mask, (B, 1, T, S) or a padding mask (B, 1, 1, S), in the declared convention.
+        Conventions that are not padding-only get it expanded to (B, 1, T, S)."""
+        if mask is None:
+            return None
+        conv = self.mask_convention
+        if not self.padding_only:
+            mask = mask.expand(mask.shape[0], 1, T, mask.shape[-1])  # (B, 1, T, S)
+        if callable(conv):
+            return conv(mask)
+        if conv == "allowed":
+            return mask
+        if conv == "blocked":
+            return _masks.to_blocked(mask)
+        if conv == "additive":
+            return _masks.to_additive(mask, dtype)
+        padding = mask[:, 0, 0, :]  # (B, S): a padding mask broadcasts over queries
+        if conv == "key_padding":
+            return _masks.to_key_padding_mask(padding)
+        return _masks.to_hf_attention_mask(padding)
+
+    def qkv(self, g, B, H, T, S, D, dtype=None):
+        Hkv = H // self.groups
+        return self.randn(g, B, H, T, D, dtype=dtype), self.randn(g, B, Hkv, S, D, dtype=dtype), \
+            self.randn(g, B, Hkv, S, D, dtype=dtype)
+
+    def run_fn(self, q, k, v, mask=None):
+        """Call the function: (output (B, H, T, D), weights or None)."""
+        m = self.convert(mask, q.dtype, q.shape[-2])
+        if self.call is not None:
+            res = self.call(self.fn, q, k, v, m)
+        elif m is None:
+            res = self.fn(q, k, v)
+        else:
+            res = self.fn(q, k, v, mask=m)
+        out, w = _split_result(res, "fn")
+        if out.shape != q.shape[:-1] + v.shape[-1:]:
+            raise _OutputShapeError(f"output {_shape(out)} for q {_shape(q)}, v {_shape(v)}: expected (B, H, T, D) "
+                             f"= {tuple(q.shape[:-1] + v.shape[-1:])}")
+        return out, w
+
+    def run_module(self, x, memory=None, mask=None, cache=None, module=None):
+        """Call the module: (output (B, T, E), weights or None)."""
+        module = self.module if module is None else module
+        m = self.convert(mask, x.dtype, x.shape[1])
+        if self.call is not None:
+            res = self.call(module, x, memory, memory, m, cache)
+        else:
+            kwargs = {}
+            if m is not None:
+                kwargs["mask"] = m
+            if cache is not None:
+                kwargs["cache"] = cache
+            res = module(x, **kwargs) if memory is None else module(x, memory, memory, **kwargs)
+        out, w = _split_result(res, "the module")
+        if out.shape != x.shape:
+            raise _OutputShapeError(f"output {_shape(out)} for x {_shape(x)}: expected (B, T, E) = {tuple(x.shape)}")
+        return out, w
+
+    # -- references ----------------------------------------------------------
+
+    def alibi_of(self, H: int) -> torch.Tensor:
+        """The slopes (H,) the function uses (measured) or the reference ones."""
+        if H not in self._alibi_cache:
+            self._alibi_cache[H] = self.probe_alibi(H)
+        return self._alibi_cache[H]
+
+    def reference(self, q, k, v, mask=None, *, scale=None, alignment=None, pairing=None, slopes=None):
+        """F.scaled_dot_product_attention in float64 with the conventions given (default: the declared ones).
+        Rows with no allowed key are zeros. Returns (B, H, T, D)."""
+        q, k, v = (t.to(torch.float64) for t in (q, k, v))  # differentiable: the SDPA check compares gradients
+        B, H, T, D = q.shape
+        S = k.shape[-2]
+        G = H // k.shape[1]
+        k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)  # (B, H, S, D): head h reads h // G
+        pairing = pairing or self.rope
+        if pairing is not None:
+            inter = pairing == "interleaved"
+            q = apply_rotary(q, base=self.rope_base, interleaved=inter)
+            k = apply_rotary(k, base=self.rope_base, interleaved=inter)
+        allowed = torch.ones(B, 1, T, S, dtype=torch.bool) if mask is None else mask.expand(B, 1, T, S)
+        if self.causal is not None:
+            allowed = allowed & _causal(T, S, alignment or self.alignment or self.measured_alignment or "top-left")
+        bias = torch.zeros(1, H, T, S, dtype=torch.float64)
+        if self.alibi:
+            s = alibi_slopes(H, dtype=torch.float64) if slopes is None else slopes
+            dist = (torch.arange(T)[:, None] + (S - T) - torch.arange(S)[None, :]).abs()  # (T, S)
+            bias = -s[:, None, None] * dist[None].to(torch.float64)  # (H, T, S)
+        attn = bias.masked_fill(~allowed, float("-inf"))  # (B, H, T, S)
+        empty = ~allowed.any(dim=-1, keepdim=True)  # (B, 1, T, 1)
+        attn = attn.masked_fill(empty, 0.0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn, scale=scale)  # (B, H, T, D)
+        return out.masked_fill(empty, 0.0)
+
+    def module_reference(self, x, memory=None, mask=None, *, scale=None, module=None):
+        """The module's own weights around F.scaled_dot_product_attention: (B, T, E) in float64."""
+        spec = self.spec if module is None else _module_spec(module)
+        if spec is None:
+            raise ValueError("the module exposes no q_proj/k_proj/v_proj/out_proj weights")
+        x = x.to(torch.float64)
+        memory = x if memory is None else memory.to(torch.float64)
+        B, T, _ = x.shape
+        S = memory.shape[1]
+        H, Hkv, D = spec["H"], spec["Hkv"], spec["D"]
+        w = {n: tuple(None if p is None else p.detach().to(torch.float64) for p in spec[n]) for n in "qkvo"}
+        q = F.linear(x, *w["q"]).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = F.linear(memory, *w["k"]).view(B, S, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
+        v = F.linear(memory, *w["v"]).view(B, S, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
+        heads = self.reference(q, k, v, mask, scale=scale)  # (B, H, T, D)
+        merged = heads.transpose(1, 2).reshape(B, T, H * D)  # (B, T, E)
+        return F.linear(merged, *w["o"])
+
+    # -- the module's cache --------------------------------------------------
+
+    def _cache_factory(self, cache):
+        if cache is False:
+            return None
+        if cache is None or cache is True:
+            try:
+                params = inspect.signature(self.module.forward).parameters
+            except (TypeError, ValueError):
+                params = {}
+            if "cache" in params or (cache is True and self.call is not None):
+                return KVCache
+            if cache is True:
+                raise ValueError("cache=True, but the module's forward takes no `cache` argument (pass call=)")
+            return None
+        if not callable(cache):
+            raise TypeError(f"cache must be None, True, False or a callable making an empty cache, got {cache!r}")
+        return cache
+
+    # -- measured conventions ------------------------------------------------
+
+    def probe_alibi(self, H: int) -> torch.Tensor:
+        """The slope of each head, read off the weights with zero queries (scores = the bias alone)."""
+        T = S = 4
+        D = 8
+        q = torch.zeros(1, H, T, D, dtype=self.dtype)
+        k = torch.zeros(1, H // self.groups, S, D, dtype=self.dtype)
+        v = torch.eye(S, D, dtype=self.dtype).expand(1, H // self.groups, S, D).contiguous()  # one-hot values
+        out, _ = self.run_fn(q, k, v)
+        w = out[0, :, -1, :S].to(torch.float64)  # (H, S): last query's weights over the 4 keys
+        return (w[:, -1].log() - w[:, -2].log()).detach()  # slope = log w[i, i] - log w[i, i - 1]
+
+
+def _module_spec(module: nn.Module):
+    """The weights behind a module's projections (views: editing them edits the module), or None
+    when it does not expose them."""
+    if isinstance(module, nn.MultiheadAttention):
+        E, H = module.embed_dim, module.num_heads
+        if module._qkv_same_embed_dim:
+            wq, wk, wv = module.in_proj_weight.split(E)  # (E, E) views of the fused (3E, E) weight
+        else:
+            wq, wk, wv = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+        bq, bk, bv = (None,) * 3 if module.in_proj_bias is None else module.in_proj_bias.split(E)
+        return {"H": H, "Hkv": H, "D": E // H, "E": E, "kdim": module.kdim, "q": (wq, bq), "k": (wk, bk),
+                "v": (wv, bv), "o": (module.out_proj.weight, module.out_proj.bias)}
+    names = ("q_proj", "k_proj", "v_proj", "out_proj")
+    if not all(isinstance(getattr(module, n, None), nn.Linear) for n in names):
+        return None
+    H = getattr(module, "num_heads", None)
+    if not isinstance(H, int):
+        return None
+    Hkv = getattr(module, "num_kv_heads", None) or getattr(module, "num_key_value_heads", None) or H
+    E = module.q_proj.out_features
+    if E % H or H % Hkv or module.k_proj.out_features != Hkv * (E // H):
+        return None
+    return {
+        "H": H, "Hkv": Hkv, "D": E // H, "E": E, "kdim": module.k_proj.in_features,
+        "q": (module.q_proj.weight, module.q_proj.bias), "k": (module.k_proj.weight, module.k_proj.bias),
+        "v": (module.v_proj.weight, module.v_proj.bias), "o": (module.out_proj.weight, module.out_proj.bias),
+    }
+
+
+# ---------------------------------------------------------------------------
+# The invariants. Each returns (status, detail, measured, tolerance).
+# ---------------------------------------------------------------------------
+
+# (B, Hkv, T, S, D): T == S, T < S, T > S, a single query, odd sizes
+_SHAPES = ((2, 2, 5, 5, 8), (1, 3, 4, 7, 6), (2, 1, 7, 3, 5), (1, 2, 1, 9, 4), (3, 5, 6, 6, 3), (1, 1, 6, 6, 10))
+
+
+def _na(detail: str):
+    return "n/a", detail, None, None
+
+
+def _held_or_violated(err: float, tol: float, what: str = "max |diff|"):
+    if err <= tol:
+        return "held", f"{what} < {_bound(tol)}", err, tol
+    return "violated", f"{what} = {_num(err)}", err, tol
+
+
+def _check_sdpa(c: _Checker):
+    tol = c.tol
+    worst, grad_worst, raised, n, grads = 0.0, 0.0, None, 0, "values and gradients"
+    if c.is_module:
+        if c.spec is None:
+            return _na("the module exposes no q_proj/k_proj/v_proj/out_proj weights")
+        cases = [(B, T, T) for B, T in ((2, 5), (1, 1), (3, 7))]
+    else:
+        # a causal or ALiBi function puts its queries at positions it chooses when T > S, and a RoPE
+        # function rotates queries and keys by their own index: those get the shapes without ambiguity
+        cases = [(B, Hkv * c.groups, T, S, D) for B, Hkv, T, S, D in _SHAPES
+                 if not (c.rope and (T != S or D % 2)) and not ((c.causal is not None or c.alibi) and T > S)]
+    for i, case in enumerate(cases):
+        for with_mask in (False, True):
+            if with_mask and c.causal is not None:
+                continue
+            g = c.gen(10 + i)
+            try:
+                if c.is_module:
+                    B, T, S = case
+                    x = c.randn(g, B, T, c.spec["E"]).requires_grad_()
+                    mask = c.mask_for(g, B, T, S) if with_mask else None
+                    out, _ = c.run_module(x, mask=mask)
+                    with torch.enable_grad():
+                        xr = x.detach().clone().requires_grad_()
+                        ref = c.module_reference(xr, mask=mask)
+                    inputs, ref_inputs = (x,), (xr,)
+                else:
+                    B, H, T, S, D = case
+                    q, k, v = (t.requires_grad_() for t in c.qkv(g, B, H, T, S, D))
+                    mask = c.mask_for(g, B, T, S) if with_mask else None
+                    out, _ = c.run_fn(q, k, v, mask)
+                    qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
+                    ref = c.reference(qr, kr, vr, mask)
+                    inputs, ref_inputs = (q, k, v), (qr, kr, vr)
+                n += 1
+                worst = max(worst, _maxdiff(out, ref))
+                if out.requires_grad:
+                    cot = c.randn(g, *out.shape)
+                    got = torch.autograd.grad(out, inputs, cot, allow_unused=True)
+                    want = torch.autograd.grad(ref, ref_inputs, cot.to(torch.float64))
+                    for a, b in zip(got, want):
+                        grad_worst = max(grad_worst, math.inf if a is None else _maxdiff(a, b))
+                else:
+                    grads = "values; not differentiable, so no gradients"
+            except Exception as err:  # noqa: BLE001 (any failure of the user's code is a finding)
+                raised = raised or (err, case)
+    what = f"{n} cases, {grads}"
+    if raised:
+        err, case = raised
+        shape = f"x (B={case[0]}, T={case[1]})" if c.is_module else \
+            f"q (B={case[0]}, H={case[1]}, T={case[2]}, D={case[4]}), S={case[3]}"
+        prefix = f"max |diff| = {_num(max(worst, grad_worst))}; " if n and max(worst, grad_worst) > tol else ""
+        return "violated", f"{prefix}{_raised(err)} on {shape}", math.inf, tol
+    status, detail, err, _ = _held_or_violated(max(worst, grad_worst), tol)
+    return status, f"{detail}, {what}", err, tol
+
+
+def _check_weights(c: _Checker):
+    tol = c.tol
+    g = c.gen(20)
+    if c.is_module:
+        B, T = 2, 5
+        x = c.randn(g, B, T, c.width())
+        mask = None if c.causal is not None else c.mask_for(g, B, T, T)
+        with torch.no_grad():
+            _, w = c.run_module(x, mask=mask)
+        if w is None:
+            return _na("the module returns no weights")
+        if w.shape[-2:] != (T, T):
+            return "violated", f"weights {_shape(w)}, expected (..., T, S) = (..., {T}, {T})", math.inf, tol
+        err = _maxdiff(w.sum(-1), torch.ones(()))
+        return _held_or_violated(err, tol, "max |row sum - 1|")
+    B, H, T, S, D = 2, 3 * c.groups, 6, 6, 6  # T != S is the first line's business
+    q, k, v = c.qkv(g, B, H, T, S, D)
+    mask = None if c.causal is not None else c.mask_for(g, B, T, S)
+    with torch.no_grad():
+        out, w = c.run_fn(q, k, v, mask)
+    if w is None:
+        return _na("the function returns no weights")
+    if w.shape != (B, H, T, S):
+        return "violated", f"weights {_shape(w)}, expected (B, H, T, S) = {(B, H, T, S)}", math.inf, tol
+    w64 = w.to(torch.float64)
+    row_err = _maxdiff(w64.sum(-1), torch.ones(()))
+    # which value head a query head reads is the heads check's business: take the closest one
+    per_kv_head = w64[:, :, None] @ v.to(torch.float64)[:, None]  # (B, H, Hkv, T, D)
+    gaps = (per_kv_head - out.detach().to(torch.float64)[:, :, None]).abs().amax(dim=(0, 3, 4))  # (H, Hkv)
+    out_err = float(gaps.amin(dim=1).max()) if torch.isfinite(out).all() else math.inf
+    if row_err <= tol and out_err <= tol:
+        return "held", f"max |row sum - 1| and |out - weights @ v| < {_bound(tol)}", max(row_err, out_err), tol
+    parts = []
+    if row_err > tol:
+        parts.append(f"max |row sum - 1| = {_num(row_err)}")
+    if out_err > tol:
+        parts.append(f"max |out - weights @ v| = {_num(out_err)}")
+    return "violated", "; ".join(parts), max(row_err, out_err), tol
+
+
+def _check_permutation(c: _Checker):
+    if c.causal is not None:
+        return _na("a causal mask orders the tokens")
+    if c.rope or c.alibi:
+        return _na("positions are part of the function")
+    tol = c.tol
+    g = c.gen(30)
+    T = 6
+    perm = torch.randperm(T, generator=g)
+    perm2 = torch.randperm(T, generator=g)
+    with torch.no_grad():
+        if c.is_module:
+            x = c.randn(g, 2, T, c.width())
+            out, _ = c.run_module(x)
+            out_p, _ = c.run_module(x[:, perm])
+            err = _maxdiff(out_p, out[:, perm])
+        else:
+            q, k, v = c.qkv(g, 2, 2 * c.groups, T, T, 8)
+            out, _ = c.run_fn(q, k, v)
+            out_p, _ = c.run_fn(q[:, :, perm], k[:, :, perm], v[:, :, perm])  # every token moved
+            out_k, _ = c.run_fn(q, k[:, :, perm2], v[:, :, perm2])  # keys and values moved together
+            err = max(_maxdiff(out_p, out[:, :, perm]), _maxdiff(out_k, out))
+    return _held_or_violated(err, tol)
+
+
+def _check_causal_leak(c: _Checker):
+    if c.causal is None and c.padding_only:
+        return _na(f"mask_convention={c.mask_convention!r} expresses padding only")
+    tol = c.tol
+    g = c.gen(40)
+    T = 6
+    B = 2
+    mask = None if c.causal is not None else _masks.causal_mask(T)[None, None].expand(B, 1, T, T)
+    leak = 0.0
+    if c.is_module:
+        x = c.randn(g, B, T, c.width()).requires_grad_()
+        out, _ = c.run_module(x, mask=mask)
+        inputs = (x,)
+    else:
+        q, k, v = (t.requires_grad_() for t in c.qkv(g, B, 2 * c.groups, T, T, 8))
+        out, _ = c.run_fn(q, k, v, mask)
+        inputs = (q, k, v)
+    if not out.requires_grad:
+        return _na("not differentiable, so the gradient test cannot run")
+    t_axis = 1 if c.is_module else 2
+    for t in range(T - 1):
+        grads = torch.autograd.grad(out.select(t_axis, t).sum(), inputs, retain_graph=True, allow_unused=True)
+        for gr in grads:
+            if gr is not None:
+                future = gr.narrow(t_axis, t + 1, T - t - 1)
+                leak = max(leak, math.inf if not torch.isfinite(future).all() else float(future.abs().max()))
+    if leak <= tol:
+        return "held", f"max |d out_t / d input_j| < {_bound(tol)} for every j > t", leak, tol
+    return "violated", f"max |d out_t / d input_j| over j > t = {_num(leak)}", leak, tol
+
+
+def _check_padding(c: _Checker):
+    """Gradient test: no output of a real query may depend on a padded key (or its value)."""
+    if c.causal is not None:
+        return _na("the function takes no mask")
+    tol = c.tol
+    g = c.gen(45)
+    B, T = 3, 6
+    lengths = torch.tensor([6, 4, 2])
+    pad = _masks.padding_mask(lengths, T)  # (B, 1, 1, S)
+    padded = ~pad[:, 0, 0, :]  # (B, S)
+    if c.is_module:
+        x = c.randn(g, B, T, c.width()).requires_grad_()
+        out, _ = c.run_module(x, mask=pad)
+        if not out.requires_grad:
+            return _na("not differentiable, so the gradient test cannot run")
+        # a padded position's own query may read anything: only the real queries' outputs count
+        (gx,) = torch.autograd.grad(out, x, (~padded)[..., None].to(out.dtype).expand_as(out))
+        grads = [gx[padded]]  # (n padded, E)
+    else:
+        q, k, v = (t.requires_grad_() for t in c.qkv(g, B, 2 * c.groups, T, T, 8))
+        out, _ = c.run_fn(q, k, v, pad)
+        if not out.requires_grad:
+            return _na("not differentiable, so the gradient test cannot run")
+        gk, gv = torch.autograd.grad(out, (k, v), torch.ones_like(out), allow_unused=True)
+        grads = [gr.transpose(1, 2)[padded] for gr in (gk, gv) if gr is not None]  # (n padded, Hkv, D)
+    leak = max((math.inf if not torch.isfinite(gr).all() else float(gr.abs().max()) for gr in grads), default=0.0)
+    if leak <= tol:
+        return "held", f"max |d out / d padded key| < {_bound(tol)}", leak, tol
+    return "violated", f"max |d out / d padded key| = {_num(leak)}", leak, tol
+
+
+def _check_alignment(c: _Checker):
+    if c.causal is None:
+        return _na("the caller's mask decides")
+    if c.is_module:
+        return _na("a module's alignment shows in cached decoding")
+    tol = c.tol
+    found = {}
+    worst = {}
+    for i, (T, S) in enumerate(((3, 7), (2, 5))):
+        g = c.gen(50 + i)
+        q, k, v = c.qkv(g, 2, 2 * c.groups, T, S, 6)
+        with torch.no_grad():
+            out, _ = c.run_fn(q, k, v)
+            G = c.groups
+            k_rep, v_rep = (t.to(torch.float64).repeat_interleave(G, dim=1) for t in (k, v))  # (B, H, S, D)
+            q64 = q.to(torch.float64)
+            if c.rope or c.alibi:  # positions inside: compare with our reference in each alignment
+                refs = {a: c.reference(q, k, v, alignment=a, pairing=c.measured_pairing) for a in _ALIGNMENTS}
+            else:  # PyTorch's own causal biases
+                refs = {"top-left": F.scaled_dot_product_attention(q64, k_rep, v_rep, attn_mask=causal_upper_left(T, S)),
+                        "bottom-right": F.scaled_dot_product_attention(q64, k_rep, v_rep,
+                                                                       attn_mask=causal_lower_right(T, S))}
+        for a, ref in refs.items():
+            worst[a] = max(worst.get(a, 0.0), _maxdiff(out, ref))
+    for a in _ALIGNMENTS:
+        found[a] = worst[a] <= tol
+    detected = next((a for a in _ALIGNMENTS if found[a]), None)
+    c.measured_alignment = detected
+    names = {"top-left": "top-left, as is_causal=True", "bottom-right": "bottom-right, as with a KV cache"}
+    if detected is None:
+        return ("violated", f"neither: max |diff| = {_num(worst['top-left'])} against causal_upper_left, "
+                f"{_num(worst['bottom-right'])} against causal_lower_right", min(worst.values()), tol)
+    if c.alignment is not None and detected != c.alignment:
+        return "violated", f"{names[detected]}; declared {c.alignment}", worst[c.alignment], tol
+    return "held", f"{names[detected]}; T = 3, S = 7 and T = 2, S = 5", worst[detected], tol
+
+
+def _check_low_precision(c: _Checker):
+    findings, worst = [], {}
+    for i, lowp in enumerate((torch.float16, torch.bfloat16)):
+        tol = tolerance(lowp)
+        g = c.gen(60 + i)
+        try:
+            with torch.no_grad():
+                if c.is_module:
+                    B, T = 2, 5
+                    x = c.randn(g, B, T, c.width(), dtype=lowp)
+                    mask = None if c.causal is not None else c.mask_for(g, B, T, T)
+                    module = copy.deepcopy(c.module).to(lowp)
+                    out, _ = c.run_module(x, mask=mask, module=module)
+                    ref, _ = c.run_module(x.to(c.dtype), mask=mask, module=copy.deepcopy(module).to(c.dtype))
+                else:
+                    B, H, T, S, D = 2, 2 * c.groups, 5, 5, 8
+                    q, k, v = c.qkv(g, B, H, T, S, D, dtype=lowp)
+                    mask = None if c.causal is not None else c.mask_for(g, B, T, S)
+                    out, _ = c.run_fn(q, k, v, mask)
+                    ref, _ = c.run_fn(q.to(c.dtype), k.to(c.dtype), v.to(c.dtype), mask)
+        except Exception as err:  # noqa: BLE001
+            findings.append(f"{str(lowp).split('.')[-1]}: {_raised(err)}")
+            worst[lowp] = math.inf
+            continue
+        if out.dtype != lowp:
+            findings.append(f"{str(lowp).split('.')[-1]} input gave a {str(out.dtype).split('.')[-1]} output")
+        worst[lowp] = _maxdiff(out, ref)
+        if worst[lowp] > tol:
+            findings.append(f"{str(lowp).split('.')[-1]}: " + ("not finite" if math.isinf(worst[lowp])
+                                                                 else f"max |diff| = {_num(worst[lowp])}"))
+    if findings:
+        return "violated", "; ".join(findings), max(worst.values()), None
+    return ("held", f"max |diff| to its {str(c.dtype).split('.')[-1]} result < {_bound(tolerance(torch.float16))} "
+            f"and < {_bound(tolerance(torch.bfloat16))}", max(worst.values()), None)
+
+
+def _check_empty_rows(c: _Checker):
+    if c.causal is not None:
+        return _na("under a causal mask every query sees a key")
+    tol = c.tol
+    g = c.gen(70)
+    B, T, S = 3, 5, 5
+    if c.padding_only:
+        mask = _random_padding(g, B, S, empty_last=True)
+    else:
+        mask = _random_mask(g, B, T, S)
+        mask[0, 0, 1] = False  # two queries with every key masked
+        mask[2, 0, 3] = False
+    empty = ~mask.expand(B, 1, T, S).any(dim=-1)  # (B, 1, T)
+    n_empty = int(empty.sum())
+    if c.is_module:
+        x = c.randn(g, B, T, c.width()).requires_grad_()
+        out, w = c.run_module(x, mask=mask)
+        target = None  # what an empty row must give: out_proj(0), the output projection's bias
+        if c.spec is not None:
+            w_o, b_o = (None if p is None else p.detach().to(torch.float64) for p in c.spec["o"])
+            target = F.linear(torch.zeros(c.spec["E"], dtype=torch.float64), w_o, b_o)
+        rows = out[empty[:, 0]]  # (n_empty, E)
+        inputs = (x,)
+    else:
+        q, k, v = (t.requires_grad_() for t in c.qkv(g, B, 2 * c.groups, T, S, 8))
+        out, w = c.run_fn(q, k, v, mask)
+        rows = out.transpose(1, 2)[empty[:, 0]]  # (n_empty, H, D)
+        target = torch.zeros((), dtype=torch.float64)
+        inputs = (q, k, v)
+    nan_rows = int((~torch.isfinite(rows)).flatten(1).any(dim=1).sum()) if rows.numel() else 0
+    if nan_rows:
+        return "violated", f"NaN in {nan_rows} of {n_empty} empty rows", math.inf, tol
+    if not torch.isfinite(out).all():
+        return "violated", "NaN in rows that have keys", math.inf, tol
+    if out.requires_grad:
+        grads = torch.autograd.grad(out, inputs, torch.ones_like(out), allow_unused=True)
+        if any(gr is not None and not torch.isfinite(gr).all() for gr in grads):
+            return "violated", f"finite output, but NaN gradients through the {n_empty} empty rows", math.inf, tol
+    if target is None:
+        return "held", f"{n_empty} empty rows finite (no weights to compare)", 0.0, tol
+    err = _maxdiff(rows, target)
+    if w is not None and not c.is_module:
+        err = max(err, _maxdiff(w.transpose(1, 2)[empty[:, 0]], torch.zeros(())))
+    what = "max |output| on empty rows" if not c.is_module else "max |output - out_proj(0)| on empty rows"
+    return _held_or_violated(err, tol, what)
+
+
+def _check_scale(c: _Checker):
+    tol = c.tol
+    g = c.gen(80)
+    with torch.no_grad():
+        if c.is_module:
+            if c.spec is None:
+                return _na("the module exposes no projection weights")
+            H, D = c.spec["H"], c.spec["D"]
+            x = c.randn(g, 2, 5, c.spec["E"])
+            out, _ = c.run_module(x)
+
+            def ref(r):
+                return c.module_reference(x, scale=r / math.sqrt(D))
+        else:
+            H, D = 4 * c.groups, 8
+            q, k, v = c.qkv(g, 2, H, 5, 5, D)
+            out, _ = c.run_fn(q, k, v)
+
+            def ref(r):
+                return c.reference(q, k, v, scale=r / math.sqrt(D), pairing=c.measured_pairing,
+                                   alignment=c.measured_alignment,
+                                   slopes=c.alibi_of(H) if c.alibi else None)
+        err_at_1 = _maxdiff(out, ref(1.0))
+        if err_at_1 <= tol:
+            c.measured_scale = 1.0
+            return "held", f"scale x sqrt(D) = 1 within max |diff| < {_bound(tol)}", 1.0, tol
+        # fit the scale: a log grid from 1/32 to 32 times 1/sqrt(D), then a golden-section refinement
+        grid = [2.0 ** (e / 8) for e in range(-40, 41)]
+        errs = [_maxdiff(out, ref(r)) for r in grid]
+        i = min(range(len(grid)), key=errs.__getitem__)
+        lo, hi = math.log(grid[max(i - 1, 0)]), math.log(grid[min(i + 1, len(grid) - 1)])
+        phi = (math.sqrt(5) - 1) / 2
+        for _ in range(60):
+            a, b = hi - phi * (hi - lo), lo + phi * (hi - lo)
+            if _maxdiff(out, ref(math.exp(a))) < _maxdiff(out, ref(math.exp(b))):
+                hi = b
+            else:
+                lo = a
+        r = math.exp((lo + hi) / 2)
+        # a function that computes in a lower precision inside still has a scale: allow its rounding
+        if _maxdiff(out, ref(r)) > max(1e3 * tol, 1e-4):
+            return _na("no single scale reproduces the output: see the first line")
+    c.measured_scale = r
+    if abs(r - 1) < 1e-3:  # the right scale; what differs at 1 exactly is the first line's business
+        return "held", f"scale x sqrt(D) = {r:.2f}, fitted", r, tol
+    why = ""
+    if H > 1 and abs(r - 1 / math.sqrt(H)) < 1e-4:
+        why = f" = 1/sqrt(H) with H = {H}: 1/sqrt(d_model) used"
+    elif abs(r * math.sqrt(D) - 1) < 1e-4:
+        why = ": 1/D used"
+    elif abs(r - math.sqrt(D)) < 1e-3:
+        why = ": not scaled at all"
+    return "violated", f"scale x sqrt(D) = {r:.2f}{why}", r, tol
+
+
+def _changed_heads(before: torch.Tensor, after: torch.Tensor, threshold: float) -> list[int]:
+    """Which heads (axis 1 of (B, H, T, D)) moved by more than threshold."""
+    d = (after.to(torch.float64) - before.to(torch.float64)).abs()
+    d = torch.nan_to_num(d, nan=math.inf).amax(dim=(0, 2, 3))  # (H,)
+    return [h for h in range(d.shape[0]) if d[h] > threshold]
+
+
+def _check_heads(c: _Checker):
+    """Perturb one head's slice (a query head, a key head, a value head) and see which heads' outputs move."""
+    tol = c.tol
+    g = c.gen(90)
+    if c.is_module:
+        if c.spec is None:
+            return _na("the module exposes no q_proj/k_proj/v_proj/out_proj weights")
+        H, Hkv, D, E = c.spec["H"], c.spec["Hkv"], c.spec["D"], c.spec["E"]
+        x = c.randn(g, 2, 5, E)
+        base_module = copy.deepcopy(c.module)
+        with torch.no_grad():  # an identity output projection shows the merged heads (B, T, H * D)
+            w_o, b_o = _module_spec(base_module)["o"]
+            w_o.copy_(torch.eye(E, dtype=w_o.dtype))
+            if b_o is not None:
+                b_o.zero_()
+
+        def heads_after(which: str | None = None, head: int = 0) -> torch.Tensor:
+            m = copy.deepcopy(base_module)
+            if which is not None:  # move the rows of W^Q, W^K or W^V that belong to this head
+                w = _module_spec(m)[which][0]
+                w[head * D:(head + 1) * D] += c.randn(g, D, w.shape[1])
+            out, _ = c.run_module(x, module=m)  # (B, T, E)
+            return out.view(2, 5, H, D).transpose(1, 2)  # (B, H, T, D)
+    else:
+        Hkv, D = 4, 6
+        H = Hkv * c.groups
+        qkv = c.qkv(g, 2, H, 5, 5, D)
+
+        def heads_after(which: str | None = None, head: int = 0) -> torch.Tensor:
+            ins = [t.clone() for t in qkv]
+            if which is not None:  # move one head of q, k or v
+                t = ins["qkv".index(which)]
+                t[:, head] += c.randn(g, t.shape[0], t.shape[2], t.shape[3])
+            return c.run_fn(*ins)[0]  # (B, H, T, D)
+    if H == 1:
+        return _na("one head")
+    G = H // Hkv
+    threshold = max(1e3 * tol, 1e-6)
+    problems, key_reads, query_ok = [], [], True
+    with torch.no_grad():
+        base = heads_after()
+        for h in range(H):
+            moved = _changed_heads(base, heads_after("q", h), threshold)
+            if moved != [h]:
+                query_ok = False
+                problems.append(f"query head {h}'s slice moves heads {moved}")
+        for which in "kv":
+            for kvh in range(Hkv):
+                moved = _changed_heads(base, heads_after(which, kvh), threshold)
+                want = list(range(kvh * G, (kvh + 1) * G))
+                if which == "k":
+                    key_reads.append(moved)
+                if moved != want:
+                    problems.append(f"{which} head {kvh} moves query heads {moved}, expected {want}")
+    if not problems:
+        mapping = f", query head h reads key/value head h // {G}" if G > 1 else ""
+        return "held", f"{H} heads{mapping}", 0.0, tol
+    if G > 1 and query_ok and sorted(sum(key_reads, [])) == list(range(H)):
+        got = [next(kvh for kvh, m in enumerate(key_reads) if h in m) for h in range(H)]
+        if got == [h % Hkv for h in range(H)]:
+            return "violated", f"query head h reads key/value head h % {Hkv}, not h // {G}", 1.0, tol
+        shown = ", ".join(map(str, got[:8])) + (", ..." if H > 8 else "")
+        return "violated", f"query heads read key/value heads [{shown}], not h // {G}", 1.0, tol
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return "violated", problems[0] + more, 1.0, tol
+
+
+def _check_cross(c: _Checker):
+    if not c.is_module:
+        return _na("a function: the T != S shapes of the first line cover it")
+    if c.causal is not None:
+        return _na("the module is causal")
+    if c.spec is None:
+        return _na("the module exposes no projection weights")
+    tol = c.tol
+    g = c.gen(100)
+    B, T, S = 2, 5, 7
+    x = c.randn(g, B, T, c.spec["E"])
+    memory = c.randn(g, B, S, c.spec["kdim"])
+    mask = _random_padding(g, B, S)
+    try:
+        with torch.no_grad():
+            out, _ = c.run_module(x, memory, mask=mask)
+    except Exception as err:  # noqa: BLE001
+        return "violated", f"{_raised(err)} (T = {T}, S = {S})", math.inf, tol
+    ref = c.module_reference(x, memory, mask, scale=(c.measured_scale or 1.0) / math.sqrt(c.spec["D"]))
+    status, detail, err, _ = _held_or_violated(_maxdiff(out, ref), tol)
+    return status, f"{detail}, T = {T}, S = {S}, key padding", err, tol
+
+
+def _check_kv_cache(c: _Checker):
+    if not c.is_module:
+        return _na("a function")
+    if c.cache_factory is None:
+        return _na("the module takes no cache")
+    if c.padding_only:
+        return _na(f"mask_convention={c.mask_convention!r} cannot express the causal masks")
+    tol = c.tol
+    g = c.gen(110)
+    B, T = 2, 7
+    x = c.randn(g, B, T, c.width())
+    own = c.causal is not None  # the module masks by itself
+
+    def mask(t, s):
+        return None if own else _masks.causal_mask(t, s, offset=s - t)[None, None].expand(B, 1, t, s)
+
+    try:
+        with torch.no_grad():
+            full, _ = c.run_module(x, mask=mask(T, T))
+            cache = c.cache_factory()
+            steps = [c.run_module(x[:, :3], mask=mask(3, 3), cache=cache)[0],  # prefill 3 tokens
+                     c.run_module(x[:, 3:5], mask=mask(2, 5), cache=cache)[0]]  # a chunk of 2
+            steps += [c.run_module(x[:, t:t + 1], cache=cache)[0] for t in (5, 6)]  # one token at a time
+    except Exception as err:  # noqa: BLE001
+        return "violated", _raised(err), math.inf, tol
+    status, detail, err, _ = _held_or_violated(_maxdiff(torch.cat(steps, dim=1), full), tol)
+    return status, f"{detail}; prefill 3, a chunk of 2, then 1 + 1", err, tol
+
+
+def _check_deterministic(c: _Checker):
+    g = c.gen(120)
+    with torch.no_grad():
+        if c.is_module:
+            x = c.randn(g, 2, 5, c.width())
+            a, wa = c.run_module(x)
+            b, wb = c.run_module(x)
+        else:
+            q, k, v = c.qkv(g, 2, 2 * c.groups, 5, 5, 8)
+            a, wa = c.run_fn(q, k, v)
+            b, wb = c.run_fn(q, k, v)
+    err = _maxdiff(a, b)
+    if wa is not None and wb is not None:
+        err = max(err, _maxdiff(wa, wb))
+    if err == 0:
+        return "held", "two calls, identical outputs", 0.0, 0.0
+    return "violated", f"two calls on the same input differ by {_num(err)}", err, 0.0
+
+
+def _check_rope(c: _Checker):
+    if not c.rope:
+        return _na("rope= not given")
+    tol = c.tol
+    g = c.gen(130)
+    q, k, v = c.qkv(g, 2, 2 * c.groups, 6, 6, 8)
+    with torch.no_grad():
+        out, _ = c.run_fn(q, k, v)
+        errs = {p: _maxdiff(out, c.reference(q, k, v, pairing=p, alignment=c.measured_alignment))
+                for p in _PAIRINGS}
+    detected = next((p for p in _PAIRINGS if errs[p] <= tol), None)
+    c.measured_pairing = detected
+    if detected is None:
+        return ("violated", f"neither pairing: max |diff| = {_num(errs['interleaved'])} interleaved, "
+                f"{_num(errs['half-split'])} half-split", min(errs.values()), tol)
+    if detected != c.rope:
+        return "violated", f"{detected}; the weights are {c.rope}", errs[c.rope], tol
+    return "held", f"{detected}, as declared", errs[detected], tol
+
+
+def _check_alibi(c: _Checker):
+    if not c.alibi:
+        return _na("alibi= not given")
+    tol = 1e-6  # the slopes are read off the weights in float64 (float32: a little less exact)
+    if c.dtype == torch.float32:
+        tol = 1e-4
+    worst, parts = 0.0, []
+    for H in (8, 12) if 8 % c.groups == 0 and 12 % c.groups == 0 else (8 * c.groups, 12 * c.groups):
+        measured = c.alibi_of(H)
+        err = _maxdiff(measured, alibi_slopes(H, dtype=torch.float64))
+        worst = max(worst, err)
+        if err <= tol:
+            parts.append(f"{H} heads right")
+        else:
+            wrong = int(((measured - alibi_slopes(H, dtype=torch.float64)).abs() > tol).sum())
+            parts.append(f"{H} heads: {wrong} slopes off by up to {_num(err)}")
+    if worst <= tol:
+        return "held", f"max |slope - attnbook.alibi_slopes| < {_bound(tol)}", worst, tol
+    return "violated", "; ".join(parts), worst, tol
+
+
+_CHECKS = {
+    "sdpa": _check_sdpa, "weights": _check_weights, "permutation": _check_permutation,
+    "causal_leak": _check_causal_leak, "padding": _check_padding, "causal_alignment": _check_alignment, "low_precision": _check_low_precision,
+    "empty_rows": _check_empty_rows, "scale": _check_scale, "heads": _check_heads, "cross_attention": _check_cross,
+    "kv_cache": _check_kv_cache, "deterministic": _check_deterministic, "rope": _check_rope, "alibi": _check_alibi,
+}
+# conventions are measured first, so that the diagnostic checks can use them
+_ORDER = ("causal_alignment", "rope", "alibi", "scale")
+
+
+# ---------------------------------------------------------------------------
+# The entry point
+# ---------------------------------------------------------------------------
+
+
+def _subject(fn) -> str:
+    if isinstance(fn, nn.Module):
+        return type(fn).__name__ + "(...)"
+    return getattr(fn, "__qualname__", getattr(fn, "__name__", type(fn).__name__))
+
+
+def _validate(fn, causal, mask_convention, groups, rope, rope_base, alibi, call, dtype, tol, seed):
+    if not callable(fn):
+        raise TypeError(f"fn must be a function or an nn.Module, got {type(fn).__name__}")
+    if causal not in (None, True, False) and causal not in _ALIGNMENTS:
+        raise ValueError(f"causal must be None, True, 'top-left' or 'bottom-right', got {causal!r}")
+    if not (callable(mask_convention) or mask_convention in MASK_CONVENTIONS):
+        raise ValueError(f"mask_convention must be one of {MASK_CONVENTIONS} or a callable, got {mask_convention!r}")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"groups (query heads per key/value head) must be an int >= 1, got {groups!r}")
+    if rope is not None and rope not in _PAIRINGS:
+        raise ValueError(f"rope must be None, 'interleaved' or 'half-split', got {rope!r}")
+    if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)) or not rope_base > 1:
+        raise ValueError(f"rope_base must be a number > 1, got {rope_base!r}")
+    if not isinstance(dtype, torch.dtype) or dtype not in (torch.float64, torch.float32):
+        raise TypeError(f"dtype must be torch.float64 or torch.float32 (half precision has its own check), got {dtype!r}")
+    if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0):
+        raise ValueError(f"tolerance must be a positive number, got {tol!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    if call is not None and not callable(call):
+        raise TypeError(f"call must be a callable, got {type(call).__name__}")
+    if isinstance(fn, nn.Module):
+        for name, val in (("rope", rope), ("alibi", alibi or None), ("groups", groups if groups != 1 else None)):
+            if val is not None:
+                raise ValueError(f"{name}= describes a function; a module's heads and positions are its own "
+                                 f"(got {name}={val!r})")
+
+
+def check_attention(
+    fn,
+    *,
+    causal: bool | str | None = None,
+    mask_convention="allowed",
+    groups: int = 1,
+    rope: str | None = None,
+    rope_base: float = 10000.0,
+    alibi: bool = False,
+    call=None,
+    cache=None,
+    dtype: torch.dtype = torch.float64,
+    tolerance: float | None = None,
+    seed: int = 0,
+    name: str | None = None,
+    verbose: bool = True,
+) -> AttentionReport:
+    """Run the invariant battery on an attention function or module; print one line per invariant.
+
+    Args:
+        fn: a function ``fn(q, k, v, mask=None)`` with q ``(B, H, T, D)`` and k, v ``(B, H // groups, S, D)``,
+            returning the output ``(B, H, T, D)`` or ``(output, weights)``; or an ``nn.Module`` called as
+            ``module(x, mask=...)`` / ``module(x, memory, memory, mask=...)`` on ``(B, T, E)`` (see the module's
+            docstring). A module is deep-copied and put in eval mode; yours is not touched.
+        causal: ``None`` (default): the function takes the caller's mask and the checker passes masks.
+            ``True``, ``"top-left"`` or ``"bottom-right"``: the function applies a causal mask by itself and is
+            called without one; for T != S the checker finds which alignment it uses, against
+            ``torch.nn.attention.bias.causal_upper_left`` (top-left, like ``is_causal=True``) and
+            ``causal_lower_right`` (bottom-right, the KV-cache convention), and a declared alignment must match.
+        mask_convention: how your code reads a mask: ``"allowed"`` (bool, True = may attend; the course's and
+            ``F.scaled_dot_product_attention``'s), ``"blocked"`` (bool, True = blocked, ``nn.MultiheadAttention``'s
+            ``attn_mask``), ``"additive"`` (float, 0 or ``finfo(dtype).min``), ``"key_padding"`` (bool ``(B, S)``,
+            True = padding), ``"hf"`` (int ``(B, S)``, 1 = keep, Hugging Face's ``attention_mask``), or a callable
+            taking the course's bool mask ``(B, 1, T, S)``. The last two express padding only.
+        groups: grouped-query attention for a function: k and v get ``H // groups`` heads and query head h
+            must read key/value head ``h // groups``. A module's ``num_kv_heads`` is read from it.
+        rope: ``"interleaved"`` or ``"half-split"``: the function applies rotary embeddings itself (positions
+            ``arange(T)``, base ``rope_base``) and the weights were trained with this pairing.
+        alibi: the function adds ALiBi's bias ``-slope_h * |i - j|`` itself; its slopes are measured for 8 and 12
+            heads and compared with :func:`attnbook.alibi_slopes`.
+        call: another calling convention: ``call(fn, q, k, v, mask)`` for a function,
+            ``call(module, x, key, value, mask, cache)`` for a module (key, value and cache may be None);
+            either returns the output or ``(output, weights)``. The mask is already converted.
+        cache: for a module: ``None`` uses :class:`attnbook.KVCache` when its ``forward`` takes ``cache``;
+            ``False`` skips the check; a callable makes an empty cache.
+        dtype: the dtype of the exact checks (float64 or float32); float16 and bfloat16 are always checked.
+        tolerance: the bound of the exact checks; default :func:`tolerance` of ``dtype``.
+        seed: the random inputs' seed.
+        name: what the report calls ``fn`` (default: its name, or its class for a module).
+        verbose: print the report.
+
+    Returns:
+        An :class:`AttentionReport`: ``report.violated`` lists the violated invariants' names,
+        ``report["scale"].measured`` the number behind one of them, ``report.ok`` whether none was violated.
+
+    Raises:
+        TypeError, ValueError: for options that make no sense, or when ``fn`` fails on the simplest input (one
+        batch, T = S, no mask), which means the calling convention is not the one declared.
+    """
+    _validate(fn, causal, mask_convention, groups, rope, rope_base, alibi, call, dtype, tolerance, seed)
+    causal = None if causal is False else causal
+    tol = _TOLERANCES[dtype] if tolerance is None else float(tolerance)
+    c = _Checker(fn, causal=causal, mask_convention=mask_convention, groups=groups, rope=rope,
+                 rope_base=float(rope_base), alibi=bool(alibi), call=call, cache=cache, dtype=dtype, tol=tol,
+                 seed=seed)
+    results: dict[str, InvariantResult] = {}
+    # the inputs come from their own generators; the global one (dropout, if any) is seeded here and
+    # restored afterwards, so the report does not depend on what ran before
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        _smoke(c)
+        for inv in _ORDER + tuple(n for n, _ in INVARIANTS if n not in _ORDER):
+            try:
+                status, detail, measured, bound = _CHECKS[inv](c)
+            except Exception as err:  # noqa: BLE001 (the user's code failed inside this check)
+                status, detail, measured, bound = "violated", _raised(err), math.inf, tol
+            results[inv] = InvariantResult(inv, status, detail, measured, bound)
+    subject = _subject(fn) if name is None else str(name)
+    report = AttentionReport(subject, {n: results[n] for n, _ in INVARIANTS})
+    if verbose:
+        print(report)
+    return report
+
+
+def _smoke(c: _Checker) -> None:
+    """The simplest call; failing here means the calling convention is not the declared one."""
+    g = c.gen(0)
+    if c.is_module:
+        x = c.randn(g, 1, 4, c.width())
+        shapes = f"x {_shape(x)}"
+    else:
+        q, k, v = c.qkv(g, 1, 2 * c.groups, 4, 4, 8)
+        shapes = f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)} without a mask"
+    try:
+        with torch.no_grad():
+            c.run_module(x) if c.is_module else c.run_fn(q, k, v)
+    except (_OutputTypeError, _OutputShapeError) as err:
+        raise type(err).__mro__[1](f"check_attention: {err}") from err
+    except Exception as err:  # noqa: BLE001
+        raise ValueError(f"check_attention: calling it on {shapes} raised {type(err).__name__}: {err} "
+                         f"(is its calling convention the one declared? see call= and mask_convention=)") from err
