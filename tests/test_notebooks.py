@@ -5,10 +5,11 @@ import json
 import re
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from tools.bookfiles import toc_files
-from tools.execute import differences, pair
+from tools.execute import differences, is_solution, pair
 from tools.setup_cell import MARKER, repository_url, setup_source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,3 +109,18 @@ def test_seeded(path):
     src = "\n".join("".join(c["source"]) for c in _code_cells(_load(path)))
     if "import torch" in src:
         assert "_ = torch.manual_seed(0)" in src, f"{path.name} imports torch but does not seed it"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_solutions_are_folded_in_jupyter_and_colab_too(path):
+    """The book folds `hide-input` cells; JupyterLab needs `jupyter.source_hidden`, Colab its form view."""
+    nb = nbformat.read(path, as_version=4)
+    solutions = [c for c in nb.cells if is_solution(c)]
+    assert solutions, f"{path.name}: no exercise solutions found"
+    for c in nb.cells:
+        if "hide-input" in c.metadata.get("tags", []):
+            assert c.metadata.get("jupyter", {}).get("source_hidden") is True, \
+                f"{path.name}: a hide-input cell is not folded in Jupyter: {c.source[:60]!r} (run tools/execute.py)"
+    for c in solutions:
+        assert c.metadata.get("cellView") == "form" and c.source.startswith("# @title"), \
+            f"{path.name}: a solution is not folded in Colab (cellView: form and a # @title line): {c.source[:60]!r}"

@@ -80,7 +80,31 @@ def _stable_ids(nb) -> None:
         cell.id = base if seen[base] == 1 else f"{base}-{seen[base]}"
 
 
+SOLUTION_TITLE = "# @title Solution (run it to check; double-click to read)"
+
+
+def is_solution(cell) -> bool:
+    """An exercise's solution: a code cell tagged hide-input that calls check()."""
+    return (cell.cell_type == "code" and "hide-input" in cell.metadata.get("tags", [])
+            and "check(" in cell.source)
+
+
+def fold_hidden_cells(nb) -> None:
+    """Fold what the book folds in Jupyter and Colab too: every `hide-input` cell gets
+    `jupyter.source_hidden` (JupyterLab and Notebook 7 collapse its code), and every exercise solution
+    Colab's form view (`cellView: form` with a `# @title` line: Colab shows the title, not the code)."""
+    for cell in nb.cells:
+        if cell.cell_type != "code" or "hide-input" not in cell.metadata.get("tags", []):
+            continue
+        cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
+        if is_solution(cell):
+            cell.metadata["cellView"] = "form"
+            if not cell.source.startswith("# @title"):
+                cell.source = f"{SOLUTION_TITLE}\n{cell.source}"
+
+
 def _write_pair(nb, md: Path, ipynb: Path) -> None:
+    fold_hidden_cells(nb)
     _stable_ids(nb)
     nb.metadata.setdefault("jupytext", {})["formats"] = PAIR_FORMATS
     nb.metadata.pop("widgets", None)
@@ -91,6 +115,7 @@ def _write_pair(nb, md: Path, ipynb: Path) -> None:
 def execute(path: str | Path, timeout: int = 600) -> float:
     md, ipynb = pair(path)
     nb = jupytext.read(md, fmt=TEXT_FORMAT)
+    fold_hidden_cells(nb)
     nb.metadata["language_info"] = {"name": "python"}
     os.environ["PYTHONHASHSEED"] = "0"
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as conftest.py: one intra-op thread unless told otherwise
@@ -113,9 +138,12 @@ def copy_inputs(path: str | Path) -> None:
     """The .md's cells into the .ipynb, keeping outputs; only when no code cell changed."""
     md, ipynb = pair(path)
     src = jupytext.read(md, fmt=TEXT_FORMAT)
+    fold_hidden_cells(src)
     out = nbformat.read(ipynb, as_version=4)
-    old_code = [c.source for c in out.cells if c.cell_type == "code"]
-    new_code = [c.source for c in src.cells if c.cell_type == "code"]
+    def code(cells):  # a title comment added by fold_hidden_cells does not change what a cell prints
+        return [c.source.removeprefix(SOLUTION_TITLE + "\n") for c in cells if c.cell_type == "code"]
+
+    old_code, new_code = code(out.cells), code(src.cells)
     if old_code != new_code:
         changed = next((i for i, (a, b) in enumerate(zip(old_code, new_code)) if a != b), min(len(old_code), len(new_code)))
         sys.exit(f"{md}: code cell {changed} changed (or cells were added/removed): execute it instead")
