@@ -28,11 +28,15 @@ conventions you will meet, and the converters for them:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch.types import Device
 
 from ._checks import check_int
+
+if TYPE_CHECKING:
+    from torch.nn.attention.bias import CausalBias
 
 __all__ = [
     "causal_mask",
@@ -223,7 +227,7 @@ def to_hf_attention_mask(mask: torch.Tensor) -> torch.Tensor:
     return mask.long()
 
 
-def from_causal_bias(bias) -> torch.Tensor:
+def from_causal_bias(bias: CausalBias) -> torch.Tensor:
     """A ``torch.nn.attention.bias.CausalBias`` (``causal_upper_left(T, S)`` or
     ``causal_lower_right(T, S)``) as our bool ``(T, S)`` mask: ``causal_mask(T, S)``
     for upper left, ``causal_mask(T, S, offset=S - T)`` for lower right."""

@@ -44,7 +44,9 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -84,6 +86,11 @@ _ALIGNMENTS = {"top-left": 0, "bottom-right": 1}
 _PAIRINGS = ("interleaved", "half-split")
 
 _TOLERANCES = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+# what an invariant's check returns: (status, detail, measured, tolerance)
+_Outcome = tuple[str, str, float | None, float | None]
+# a module's projection weights and sizes, as _module_spec reads them
+_Spec = dict[str, Any]
 
 
 def tolerance(dtype: torch.dtype) -> float:
@@ -138,7 +145,7 @@ class AttentionReport:
             raise KeyError(f"no invariant {name!r}; the invariants are {', '.join(self.results)}")
         return self.results[name]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[InvariantResult]:
         return iter(self.results.values())
 
     @property
@@ -177,7 +184,7 @@ class AttentionReport:
 # ---------------------------------------------------------------------------
 
 
-def _shape(t) -> str:
+def _shape(t: torch.Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
@@ -217,7 +224,7 @@ class _OutputShapeError(ValueError):
     """The implementation returned an output of the wrong shape."""
 
 
-def _split_result(res, what: str):
+def _split_result(res: object, what: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(output, weights or None) from what the implementation returned."""
     if isinstance(res, torch.Tensor):
         return res, None
@@ -234,12 +241,12 @@ def _ones_row(g: torch.Generator, mask: torch.Tensor) -> torch.Tensor:
     return mask | F.one_hot(pick, S).bool()
 
 
-def _random_mask(g, B, T, S) -> torch.Tensor:
+def _random_mask(g: torch.Generator, B: int, T: int, S: int) -> torch.Tensor:
     """Bool (B, 1, T, S), about 70% True, at least one key per query."""
     return _ones_row(g, torch.rand(B, 1, T, S, generator=g) < 0.7)
 
 
-def _random_padding(g, B, S, *, empty_last: bool = False) -> torch.Tensor:
+def _random_padding(g: torch.Generator, B: int, S: int, *, empty_last: bool = False) -> torch.Tensor:
     """Bool (B, 1, 1, S) padding mask: the first sequence is full, the others have random lengths >= 1,
     or with ``empty_last`` the last one has no real key at all."""
     lengths = torch.randint(1, S + 1, (B,), generator=g)  # (B,)
@@ -261,7 +268,22 @@ def _causal(T: int, S: int, alignment: str) -> torch.Tensor:
 
 
 class _Checker:
-    def __init__(self, fn, *, causal, mask_convention, groups, rope, rope_base, alibi, call, cache, dtype, tol, seed):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        causal: bool | str | None,
+        mask_convention: str | Callable[[torch.Tensor], torch.Tensor],
+        groups: int,
+        rope: str | None,
+        rope_base: float,
+        alibi: bool,
+        call: Callable[..., Any] | None,
+        cache: bool | Callable[[], Any] | None,
+        dtype: torch.dtype,
+        tol: float,
+        seed: int,
+    ) -> None:
         self.fn = fn
         self.is_module = isinstance(fn, nn.Module)
         self.causal = causal
@@ -277,13 +299,13 @@ class _Checker:
         self.tol = tol
         self.seed = seed
         # conventions measured by their own invariant, used by the other diagnostic checks
-        self.measured_alignment = None
-        self.measured_pairing = None
-        self.measured_scale = None
+        self.measured_alignment: str | None = None
+        self.measured_pairing: str | None = None
+        self.measured_scale: float | None = None
         self._alibi_cache: dict[int, torch.Tensor] = {}
-        self.spec = None
-        if self.is_module:
-            self.module = copy.deepcopy(fn).to(dtype).eval()
+        self.spec: _Spec | None = None
+        if isinstance(fn, nn.Module):
+            self.module: nn.Module = copy.deepcopy(fn).to(dtype).eval()
             self.spec = _module_spec(self.module)
             self.cache_factory = self._cache_factory(cache)
 
@@ -297,7 +319,7 @@ class _Checker:
         raise ValueError("cannot tell the module's width E: give it q_proj/k_proj/v_proj/out_proj "
                          "(nn.Linear) or a d_model attribute")
 
-    def mask_for(self, g, B, T, S):
+    def mask_for(self, g: torch.Generator, B: int, T: int, S: int) -> torch.Tensor:
         """A random mask in the course's convention that leaves every query a key: (B, 1, T, S), or a
         padding mask (B, 1, 1, S) when the declared convention expresses padding only."""
         return _random_padding(g, B, S) if self.padding_only else _random_mask(g, B, T, S)
@@ -307,10 +329,10 @@ class _Checker:
     def gen(self, offset: int = 0) -> torch.Generator:
         return torch.Generator().manual_seed(self.seed * 1000 + offset)
 
-    def randn(self, g, *shape, dtype=None) -> torch.Tensor:
+    def randn(self, g: torch.Generator, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype or self.dtype)
 
-    def convert(self, mask: torch.Tensor | None, dtype: torch.dtype, T: int):
+    def convert(self, mask: torch.Tensor | None, dtype: torch.dtype, T: int) -> torch.Tensor | None:
         """The course's bool mask, (B, 1, T, S) or a padding mask (B, 1, 1, S), in the declared convention.
         Conventions that are not padding-only get it expanded to (B, 1, T, S)."""
         if mask is None:
@@ -331,12 +353,16 @@ class _Checker:
             return _masks.to_key_padding_mask(padding)
         return _masks.to_hf_attention_mask(padding)
 
-    def qkv(self, g, B, H, T, S, D, dtype=None):
+    def qkv(
+        self, g: torch.Generator, B: int, H: int, T: int, S: int, D: int, dtype: torch.dtype | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         Hkv = H // self.groups
         return self.randn(g, B, H, T, D, dtype=dtype), self.randn(g, B, Hkv, S, D, dtype=dtype), \
             self.randn(g, B, Hkv, S, D, dtype=dtype)
 
-    def run_fn(self, q, k, v, mask=None):
+    def run_fn(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Call the function: (output (B, H, T, D), weights or None)."""
         m = self.convert(mask, q.dtype, q.shape[-2])
         if self.call is not None:
@@ -351,14 +377,21 @@ class _Checker:
                              f"= {tuple(q.shape[:-1] + v.shape[-1:])}")
         return out, w
 
-    def run_module(self, x, memory=None, mask=None, cache=None, module=None):
+    def run_module(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        cache: Any = None,
+        module: nn.Module | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Call the module: (output (B, T, E), weights or None)."""
         module = self.module if module is None else module
         m = self.convert(mask, x.dtype, x.shape[1])
         if self.call is not None:
             res = self.call(module, x, memory, memory, m, cache)
         else:
-            kwargs = {}
+            kwargs: dict[str, Any] = {}
             if m is not None:
                 kwargs["mask"] = m
             if cache is not None:
@@ -377,7 +410,18 @@ class _Checker:
             self._alibi_cache[H] = self.probe_alibi(H)
         return self._alibi_cache[H]
 
-    def reference(self, q, k, v, mask=None, *, scale=None, alignment=None, pairing=None, slopes=None):
+    def reference(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        scale: float | None = None,
+        alignment: str | None = None,
+        pairing: str | None = None,
+        slopes: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """F.scaled_dot_product_attention in float64 with the conventions given (default: the declared ones).
         Rows with no allowed key are zeros. Returns (B, H, T, D)."""
         q, k, v = (t.to(torch.float64) for t in (q, k, v))  # differentiable: the SDPA check compares gradients
@@ -404,7 +448,15 @@ class _Checker:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn, scale=scale)  # (B, H, T, D)
         return out.masked_fill(empty, 0.0)
 
-    def module_reference(self, x, memory=None, mask=None, *, scale=None, module=None):
+    def module_reference(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        *,
+        scale: float | None = None,
+        module: nn.Module | None = None,
+    ) -> torch.Tensor:
         """The module's own weights around F.scaled_dot_product_attention: (B, T, E) in float64."""
         spec = self.spec if module is None else _module_spec(module)
         if spec is None:
@@ -414,7 +466,9 @@ class _Checker:
         B, T, _ = x.shape
         S = memory.shape[1]
         H, Hkv, D = spec["H"], spec["Hkv"], spec["D"]
-        w = {n: tuple(None if p is None else p.detach().to(torch.float64) for p in spec[n]) for n in "qkvo"}
+        w: dict[str, tuple[Any, ...]] = {
+            n: tuple(None if p is None else p.detach().to(torch.float64) for p in spec[n]) for n in "qkvo"
+        }
         q = F.linear(x, *w["q"]).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         k = F.linear(memory, *w["k"]).view(B, S, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
         v = F.linear(memory, *w["v"]).view(B, S, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
@@ -424,10 +478,11 @@ class _Checker:
 
     # -- the module's cache --------------------------------------------------
 
-    def _cache_factory(self, cache):
+    def _cache_factory(self, cache: bool | Callable[[], Any] | None) -> Callable[[], Any] | None:
         if cache is False:
             return None
         if cache is None or cache is True:
+            params: Mapping[str, inspect.Parameter]
             try:
                 params = inspect.signature(self.module.forward).parameters
             except (TypeError, ValueError):
@@ -455,7 +510,7 @@ class _Checker:
         return (w[:, -1].log() - w[:, -2].log()).detach()  # slope = log w[i, i] - log w[i, i - 1]
 
 
-def _module_spec(module: nn.Module):
+def _module_spec(module: nn.Module) -> _Spec | None:
     """The weights behind a module's projections (views: editing them edits the module), or None
     when it does not expose them."""
     if isinstance(module, nn.MultiheadAttention):
@@ -473,14 +528,15 @@ def _module_spec(module: nn.Module):
     H = getattr(module, "num_heads", None)
     if not isinstance(H, int):
         return None
+    q_proj, k_proj, v_proj, out_proj = (cast(nn.Linear, getattr(module, n)) for n in names)
     Hkv = getattr(module, "num_kv_heads", None) or getattr(module, "num_key_value_heads", None) or H
-    E = module.q_proj.out_features
-    if E % H or H % Hkv or module.k_proj.out_features != Hkv * (E // H):
+    E = q_proj.out_features
+    if E % H or H % Hkv or k_proj.out_features != Hkv * (E // H):
         return None
     return {
-        "H": H, "Hkv": Hkv, "D": E // H, "E": E, "kdim": module.k_proj.in_features,
-        "q": (module.q_proj.weight, module.q_proj.bias), "k": (module.k_proj.weight, module.k_proj.bias),
-        "v": (module.v_proj.weight, module.v_proj.bias), "o": (module.out_proj.weight, module.out_proj.bias),
+        "H": H, "Hkv": Hkv, "D": E // H, "E": E, "kdim": k_proj.in_features,
+        "q": (q_proj.weight, q_proj.bias), "k": (k_proj.weight, k_proj.bias),
+        "v": (v_proj.weight, v_proj.bias), "o": (out_proj.weight, out_proj.bias),
     }
 
 
@@ -492,18 +548,22 @@ def _module_spec(module: nn.Module):
 _SHAPES = ((2, 2, 5, 5, 8), (1, 3, 4, 7, 6), (2, 1, 7, 3, 5), (1, 2, 1, 9, 4), (3, 5, 6, 6, 3), (1, 1, 6, 6, 10))
 
 
-def _na(detail: str):
+def _na(detail: str) -> _Outcome:
     return "n/a", detail, None, None
 
 
-def _held_or_violated(err: float, tol: float, what: str = "max |diff|"):
+def _held_or_violated(err: float, tol: float, what: str = "max |diff|") -> _Outcome:
     if err <= tol:
         return "held", f"{what} < {_bound(tol)}", err, tol
     return "violated", f"{what} = {_num(err)}", err, tol
 
 
-def _check_sdpa(c: _Checker):
+def _check_sdpa(c: _Checker) -> _Outcome:
     tol = c.tol
+    raised: tuple[Exception, tuple[int, ...]] | None  # the first failure and its case
+    cases: list[tuple[int, ...]]
+    inputs: tuple[torch.Tensor, ...]
+    ref_inputs: tuple[torch.Tensor, ...]
     worst, grad_worst, raised, n, grads = 0.0, 0.0, None, 0, "values and gradients"
     if c.is_module:
         if c.spec is None:
@@ -522,7 +582,7 @@ def _check_sdpa(c: _Checker):
             try:
                 if c.is_module:
                     B, T, S = case
-                    x = c.randn(g, B, T, c.spec["E"]).requires_grad_()
+                    x = c.randn(g, B, T, c.width()).requires_grad_()
                     mask = c.mask_for(g, B, T, S) if with_mask else None
                     out, _ = c.run_module(x, mask=mask)
                     with torch.enable_grad():
@@ -547,20 +607,20 @@ def _check_sdpa(c: _Checker):
                         grad_worst = max(grad_worst, math.inf if a is None else _maxdiff(a, b))
                 else:
                     grads = "values; not differentiable, so no gradients"
-            except Exception as err:  # noqa: BLE001 (any failure of the user's code is a finding)
-                raised = raised or (err, case)
+            except Exception as exc:  # noqa: BLE001 (any failure of the user's code is a finding)
+                raised = raised or (exc, case)
     what = f"{n} cases, {grads}"
     if raised:
-        err, case = raised
+        first_exc, case = raised
         shape = f"x (B={case[0]}, T={case[1]})" if c.is_module else \
             f"q (B={case[0]}, H={case[1]}, T={case[2]}, D={case[4]}), S={case[3]}"
         prefix = f"max |diff| = {_num(max(worst, grad_worst))}; " if n and max(worst, grad_worst) > tol else ""
-        return "violated", f"{prefix}{_raised(err)} on {shape}", math.inf, tol
+        return "violated", f"{prefix}{_raised(first_exc)} on {shape}", math.inf, tol
     status, detail, err, _ = _held_or_violated(max(worst, grad_worst), tol)
     return status, f"{detail}, {what}", err, tol
 
 
-def _check_weights(c: _Checker):
+def _check_weights(c: _Checker) -> _Outcome:
     tol = c.tol
     g = c.gen(20)
     if c.is_module:
@@ -600,7 +660,7 @@ def _check_weights(c: _Checker):
     return "violated", "; ".join(parts), max(row_err, out_err), tol
 
 
-def _check_permutation(c: _Checker):
+def _check_permutation(c: _Checker) -> _Outcome:
     if c.causal is not None:
         return _na("a causal mask orders the tokens")
     if c.rope or c.alibi:
@@ -625,7 +685,7 @@ def _check_permutation(c: _Checker):
     return _held_or_violated(err, tol)
 
 
-def _check_causal_leak(c: _Checker):
+def _check_causal_leak(c: _Checker) -> _Outcome:
     if c.causal is None and c.padding_only:
         return _na(f"mask_convention={c.mask_convention!r} expresses padding only")
     tol = c.tol
@@ -634,6 +694,7 @@ def _check_causal_leak(c: _Checker):
     B = 2
     mask = None if c.causal is not None else _masks.causal_mask(T)[None, None].expand(B, 1, T, T)
     leak = 0.0
+    inputs: tuple[torch.Tensor, ...]
     if c.is_module:
         x = c.randn(g, B, T, c.width()).requires_grad_()
         out, _ = c.run_module(x, mask=mask)
@@ -656,7 +717,7 @@ def _check_causal_leak(c: _Checker):
     return "violated", f"max |d out_t / d input_j| over j > t = {_num(leak)}", leak, tol
 
 
-def _check_padding(c: _Checker):
+def _check_padding(c: _Checker) -> _Outcome:
     """Gradient test: no output of a real query may depend on a padded key (or its value)."""
     if c.causal is not None:
         return _na("the function takes no mask")
@@ -687,14 +748,14 @@ def _check_padding(c: _Checker):
     return "violated", f"max |d out / d padded key| = {_num(leak)}", leak, tol
 
 
-def _check_alignment(c: _Checker):
+def _check_alignment(c: _Checker) -> _Outcome:
     if c.causal is None:
         return _na("the caller's mask decides")
     if c.is_module:
         return _na("a module's alignment shows in cached decoding")
     tol = c.tol
-    found = {}
-    worst = {}
+    found: dict[str, bool] = {}
+    worst: dict[str, float] = {}
     for i, (T, S) in enumerate(((3, 7), (2, 5))):
         g = c.gen(50 + i)
         q, k, v = c.qkv(g, 2, 2 * c.groups, T, S, 6)
@@ -724,7 +785,7 @@ def _check_alignment(c: _Checker):
     return "held", f"{names[detected]}; T = 3, S = 7 and T = 2, S = 5", worst[detected], tol
 
 
-def _check_low_precision(c: _Checker):
+def _check_low_precision(c: _Checker) -> _Outcome:
     findings, worst = [], {}
     for i, lowp in enumerate((torch.float16, torch.bfloat16)):
         tol = tolerance(lowp)
@@ -760,7 +821,7 @@ def _check_low_precision(c: _Checker):
             f"and < {_bound(tolerance(torch.bfloat16))}", max(worst.values()), None)
 
 
-def _check_empty_rows(c: _Checker):
+def _check_empty_rows(c: _Checker) -> _Outcome:
     if c.causal is not None:
         return _na("under a causal mask every query sees a key")
     tol = c.tol
@@ -774,13 +835,14 @@ def _check_empty_rows(c: _Checker):
         mask[2, 0, 3] = False
     empty = ~mask.expand(B, 1, T, S).any(dim=-1)  # (B, 1, T)
     n_empty = int(empty.sum())
+    inputs: tuple[torch.Tensor, ...]
     if c.is_module:
         x = c.randn(g, B, T, c.width()).requires_grad_()
         out, w = c.run_module(x, mask=mask)
         target = None  # what an empty row must give: out_proj(0), the output projection's bias
         if c.spec is not None:
             w_o, b_o = (None if p is None else p.detach().to(torch.float64) for p in c.spec["o"])
-            target = F.linear(torch.zeros(c.spec["E"], dtype=torch.float64), w_o, b_o)
+            target = F.linear(torch.zeros(c.spec["E"], dtype=torch.float64), cast(torch.Tensor, w_o), b_o)
         rows = out[empty[:, 0]]  # (n_empty, E)
         inputs = (x,)
     else:
@@ -807,7 +869,7 @@ def _check_empty_rows(c: _Checker):
     return _held_or_violated(err, tol, what)
 
 
-def _check_scale(c: _Checker):
+def _check_scale(c: _Checker) -> _Outcome:
     tol = c.tol
     g = c.gen(80)
     with torch.no_grad():
@@ -818,14 +880,14 @@ def _check_scale(c: _Checker):
             x = c.randn(g, 2, 5, c.spec["E"])
             out, _ = c.run_module(x)
 
-            def ref(r):
+            def ref(r: float) -> torch.Tensor:
                 return c.module_reference(x, scale=r / math.sqrt(D))
         else:
             H, D = 4 * c.groups, 8
             q, k, v = c.qkv(g, 2, H, 5, 5, D)
             out, _ = c.run_fn(q, k, v)
 
-            def ref(r):
+            def ref(r: float) -> torch.Tensor:
                 return c.reference(q, k, v, scale=r / math.sqrt(D), pairing=c.measured_pairing,
                                    alignment=c.measured_alignment,
                                    slopes=c.alibi_of(H) if c.alibi else None)
@@ -869,7 +931,7 @@ def _changed_heads(before: torch.Tensor, after: torch.Tensor, threshold: float) 
     return [h for h in range(d.shape[0]) if d[h] > threshold]
 
 
-def _check_heads(c: _Checker):
+def _check_heads(c: _Checker) -> _Outcome:
     """Perturb one head's slice (a query head, a key head, a value head) and see which heads' outputs move."""
     tol = c.tol
     g = c.gen(90)
@@ -880,7 +942,7 @@ def _check_heads(c: _Checker):
         x = c.randn(g, 2, 5, E)
         base_module = copy.deepcopy(c.module)
         with torch.no_grad():  # an identity output projection shows the merged heads (B, T, H * D)
-            w_o, b_o = _module_spec(base_module)["o"]
+            w_o, b_o = cast(_Spec, _module_spec(base_module))["o"]  # a copy of c.module: it has a spec too
             w_o.copy_(torch.eye(E, dtype=w_o.dtype))
             if b_o is not None:
                 b_o.zero_()
@@ -888,7 +950,7 @@ def _check_heads(c: _Checker):
         def heads_after(which: str | None = None, head: int = 0) -> torch.Tensor:
             m = copy.deepcopy(base_module)
             if which is not None:  # move the rows of W^Q, W^K or W^V that belong to this head
-                w = _module_spec(m)[which][0]
+                w = cast(_Spec, _module_spec(m))[which][0]
                 w[head * D:(head + 1) * D] += c.randn(g, D, w.shape[1])
             out, _ = c.run_module(x, module=m)  # (B, T, E)
             return out.view(2, 5, H, D).transpose(1, 2)  # (B, H, T, D)
@@ -936,7 +998,7 @@ def _check_heads(c: _Checker):
     return "violated", problems[0] + more, 1.0, tol
 
 
-def _check_cross(c: _Checker):
+def _check_cross(c: _Checker) -> _Outcome:
     if not c.is_module:
         return _na("a function: the T != S shapes of the first line cover it")
     if c.causal is not None:
@@ -952,14 +1014,14 @@ def _check_cross(c: _Checker):
     try:
         with torch.no_grad():
             out, _ = c.run_module(x, memory, mask=mask)
-    except Exception as err:  # noqa: BLE001
-        return "violated", f"{_raised(err)} (T = {T}, S = {S})", math.inf, tol
+    except Exception as exc:  # noqa: BLE001
+        return "violated", f"{_raised(exc)} (T = {T}, S = {S})", math.inf, tol
     ref = c.module_reference(x, memory, mask, scale=(c.measured_scale or 1.0) / math.sqrt(c.spec["D"]))
     status, detail, err, _ = _held_or_violated(_maxdiff(out, ref), tol)
     return status, f"{detail}, T = {T}, S = {S}, key padding", err, tol
 
 
-def _check_kv_cache(c: _Checker):
+def _check_kv_cache(c: _Checker) -> _Outcome:
     if not c.is_module:
         return _na("a function")
     if c.cache_factory is None:
@@ -972,7 +1034,7 @@ def _check_kv_cache(c: _Checker):
     x = c.randn(g, B, T, c.width())
     own = c.causal is not None  # the module masks by itself
 
-    def mask(t, s):
+    def mask(t: int, s: int) -> torch.Tensor | None:
         return None if own else _masks.causal_mask(t, s, offset=s - t)[None, None].expand(B, 1, t, s)
 
     try:
@@ -982,13 +1044,13 @@ def _check_kv_cache(c: _Checker):
             steps = [c.run_module(x[:, :3], mask=mask(3, 3), cache=cache)[0],  # prefill 3 tokens
                      c.run_module(x[:, 3:5], mask=mask(2, 5), cache=cache)[0]]  # a chunk of 2
             steps += [c.run_module(x[:, t:t + 1], cache=cache)[0] for t in (5, 6)]  # one token at a time
-    except Exception as err:  # noqa: BLE001
-        return "violated", _raised(err), math.inf, tol
+    except Exception as exc:  # noqa: BLE001
+        return "violated", _raised(exc), math.inf, tol
     status, detail, err, _ = _held_or_violated(_maxdiff(torch.cat(steps, dim=1), full), tol)
     return status, f"{detail}; prefill 3, a chunk of 2, then 1 + 1", err, tol
 
 
-def _check_deterministic(c: _Checker):
+def _check_deterministic(c: _Checker) -> _Outcome:
     g = c.gen(120)
     with torch.no_grad():
         if c.is_module:
@@ -1007,7 +1069,7 @@ def _check_deterministic(c: _Checker):
     return "violated", f"two calls on the same input differ by {_num(err)}", err, 0.0
 
 
-def _check_rope(c: _Checker):
+def _check_rope(c: _Checker) -> _Outcome:
     if not c.rope:
         return _na("rope= not given")
     tol = c.tol
@@ -1027,7 +1089,7 @@ def _check_rope(c: _Checker):
     return "held", f"{detected}, as declared", errs[detected], tol
 
 
-def _check_alibi(c: _Checker):
+def _check_alibi(c: _Checker) -> _Outcome:
     if not c.alibi:
         return _na("alibi= not given")
     tol = 1e-6  # the slopes are read off the weights in float64 (float32: a little less exact)
@@ -1063,13 +1125,25 @@ _ORDER = ("causal_alignment", "rope", "alibi", "scale")
 # ---------------------------------------------------------------------------
 
 
-def _subject(fn) -> str:
+def _subject(fn: Callable[..., Any]) -> str:
     if isinstance(fn, nn.Module):
         return type(fn).__name__ + "(...)"
     return getattr(fn, "__qualname__", getattr(fn, "__name__", type(fn).__name__))
 
 
-def _validate(fn, causal, mask_convention, groups, rope, rope_base, alibi, call, dtype, tol, seed):
+def _validate(
+    fn: Callable[..., Any],
+    causal: bool | str | None,
+    mask_convention: str | Callable[[torch.Tensor], torch.Tensor],
+    groups: int,
+    rope: str | None,
+    rope_base: float,
+    alibi: bool,
+    call: Callable[..., Any] | None,
+    dtype: torch.dtype,
+    tol: float | None,
+    seed: int,
+) -> None:
     if not callable(fn):
         raise TypeError(f"fn must be a function or an nn.Module, got {type(fn).__name__}")
     if causal not in (None, True, False) and causal not in _ALIGNMENTS:
@@ -1098,16 +1172,16 @@ def _validate(fn, causal, mask_convention, groups, rope, rope_base, alibi, call,
 
 
 def check_attention(
-    fn,
+    fn: Callable[..., Any],
     *,
     causal: bool | str | None = None,
-    mask_convention="allowed",
+    mask_convention: str | Callable[[torch.Tensor], torch.Tensor] = "allowed",
     groups: int = 1,
     rope: str | None = None,
     rope_base: float = 10000.0,
     alibi: bool = False,
-    call=None,
-    cache=None,
+    call: Callable[..., Any] | None = None,
+    cache: bool | Callable[[], Any] | None = None,
     dtype: torch.dtype = torch.float64,
     tolerance: float | None = None,
     seed: int = 0,
