@@ -103,7 +103,22 @@ def fold_hidden_cells(nb) -> None:
                 cell.source = f"{SOLUTION_TITLE}\n{cell.source}"
 
 
+def _merge_streams(nb) -> None:
+    """One stream output per run of consecutive writes (the kernel splits them by timing, which churns diffs)."""
+    for cell in nb.cells:
+        merged: list = []
+        for out in cell.get("outputs", []):
+            if (out.output_type == "stream" and merged and merged[-1].output_type == "stream"
+                    and merged[-1].name == out.name):
+                merged[-1].text += out.text
+            else:
+                merged.append(out)
+        if cell.cell_type == "code":
+            cell.outputs = merged
+
+
 def _write_pair(nb, md: Path, ipynb: Path) -> None:
+    _merge_streams(nb)
     fold_hidden_cells(nb)
     _stable_ids(nb)
     nb.metadata.setdefault("jupytext", {})["formats"] = PAIR_FORMATS
