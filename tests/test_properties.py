@@ -1,7 +1,8 @@
 """Property tests (hypothesis): statements that hold for every shape and input, checked on many drawn ones.
 
 * flash attention equals exact attention (tiled online softmax = one softmax), causal or not, any tile size;
-* decoding with a KV cache, one chunk of new tokens at a time, equals the uncached causal pass;
+* decoding with a KV cache (concatenating or preallocated), one chunk of new tokens at a time, equals the
+  uncached causal pass;
 * ``merge_heads`` undoes ``split_heads`` and the other way round, and a head is a contiguous slice of E;
 * RoPE's score depends on the positions only through their difference, and keeps norms.
 
@@ -15,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnbook import KVCache, MultiHeadAttention, apply_rotary, causal_mask, merge_heads, split_heads
+from attnbook import KVCache, MultiHeadAttention, StaticKVCache, apply_rotary, causal_mask, merge_heads, split_heads
 from attnbook.core import scaled_dot_product_attention
 from attnbook.efficient import flash_attention
 
@@ -46,9 +47,9 @@ def test_flash_equals_exact_attention(B, H, T, S, D, Dv, block_size, causal, see
 @given(
     H=st.sampled_from([1, 2, 4]), kv_div=st.sampled_from([1, 2, 4]), D=st.integers(1, 4),
     prefix=st.integers(1, 6), chunks=st.lists(st.integers(1, 3), min_size=1, max_size=4), B=st.integers(1, 2),
-    seed=st.integers(0, 10_000),
+    seed=st.integers(0, 10_000), static=st.booleans(), room=st.integers(0, 3),
 )
-def test_cached_decoding_equals_the_uncached_causal_pass(H, kv_div, D, prefix, chunks, B, seed):
+def test_cached_decoding_equals_the_uncached_causal_pass(H, kv_div, D, prefix, chunks, B, seed, static, room):
     num_kv_heads = max(1, H // kv_div)
     E = H * D
     torch.manual_seed(seed)
@@ -57,7 +58,7 @@ def test_cached_decoding_equals_the_uncached_causal_pass(H, kv_div, D, prefix, c
     x = _rand(B, T, E, seed=seed)  # (B, T, E)
     with torch.no_grad():
         full, _ = m(x, mask=causal_mask(T))  # (B, T, E): every token sees itself and the earlier ones
-        cache = KVCache()
+        cache = StaticKVCache(T + room) if static else KVCache()
         steps, start = [], 0
         for n in [prefix, *chunks]:  # the prompt, then a few new tokens at a time
             past = len(cache)
