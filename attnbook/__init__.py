@@ -47,6 +47,7 @@ Dimension legend, one meaning per letter in every module:
     W    window half-width, or an efficient variant's locality size (block, chunk, tile)
     Sb   keys one query block of sliding-window attention looks at
     m    random features (Performer);  Df  width of a feature map's output;  R  hash rounds (Reformer)
+    Bq, Bk  queries and keys of one flash-attention tile;  BH  batch and heads merged (B * H)
     P    side of a downsampled picture of the (T, S) pairs
 """
 

@@ -1,6 +1,7 @@
 """Property tests (hypothesis): statements that hold for every shape and input, checked on many drawn ones.
 
-* flash attention equals exact attention (tiled online softmax = one softmax), causal or not, any tile size;
+* flash attention equals exact attention (tiled online softmax = one softmax), causal or not, any tile size,
+  and so do its gradients (FlashAttention-2's backward pass, recomputing the tiles from the log-sum-exp);
 * decoding with a KV cache (concatenating or preallocated), one chunk of new tokens at a time, equals the
   uncached causal pass;
 * ``merge_heads`` undoes ``split_heads`` and the other way round, and a head is a contiguous slice of E;
@@ -41,6 +42,27 @@ def test_flash_equals_exact_attention(B, H, T, S, D, Dv, block_size, causal, see
     expected, _ = scaled_dot_product_attention(q, k, v, mask, scale=scale)  # (B, H, T, Dv), one softmax
     out = flash_attention(q, k, v, causal=causal, block_size=block_size, scale=scale)
     torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-10)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    T=st.integers(1, 30), S=st.integers(1, 30), D=st.integers(1, 6), Dv=st.integers(1, 5),
+    block_size=st.integers(1, 13), query_block_size=st.one_of(st.none(), st.integers(1, 20)), causal=st.booleans(),
+    seed=st.integers(0, 10_000), scale=st.one_of(st.none(), st.floats(0.05, 3.0)),
+)
+def test_flash_gradients_equal_exact_attention(T, S, D, Dv, block_size, query_block_size, causal, seed, scale):
+    # top-left causal alignment (query i sees keys j <= i) also when T != S, as is_causal in PyTorch
+    q, k, v = _rand(1, 2, T, D, seed=seed), _rand(1, 2, S, D, seed=seed + 1), _rand(1, 2, S, Dv, seed=seed + 2)
+    dout = _rand(1, 2, T, Dv, seed=seed + 3)  # (B, H, T, Dv) the output's gradient
+    mask = causal_mask(T, S) if causal else None
+    grads = []
+    for fn in (lambda q, k, v: flash_attention(q, k, v, causal=causal, block_size=block_size, scale=scale,
+                                               query_block_size=query_block_size),
+               lambda q, k, v: scaled_dot_product_attention(q, k, v, mask, scale=scale)[0]):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        grads.append(torch.autograd.grad(fn(*leaves), leaves, dout))
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
 
 
 @settings(max_examples=30, deadline=None)
