@@ -7,7 +7,8 @@ Submodules, one concept each:
 
 * attention: ``core`` (scaled dot-product attention), ``masks`` (masks and
   conversions between conventions), ``mha`` (multi-head, grouped-query and
-  multi-query attention), ``kvcache`` (the KV cache and its size),
+  multi-query attention), ``kvcache`` (the KV caches, concatenating and
+  preallocated, and their size),
   ``positional`` (sinusoidal, learned, T5 relative, RoPE, ALiBi), ``layers``
   (Transformer encoder/decoder layers equal to PyTorch's), ``efficient``
   (sliding window, block sparse, linear, Performer, LSH, flash, and the
@@ -46,6 +47,7 @@ Dimension legend, one meaning per letter in every module:
     W    window half-width, or an efficient variant's locality size (block, chunk, tile)
     Sb   keys one query block of sliding-window attention looks at
     m    random features (Performer);  Df  width of a feature map's output;  R  hash rounds (Reformer)
+    Bq, Bk  queries and keys of one flash-attention tile;  BH  batch and heads merged (B * H)
     P    side of a downsampled picture of the (T, S) pairs
 """
 
@@ -54,7 +56,7 @@ from typing import Any
 from . import masks
 from ._compat import default_device
 from .core import scaled_dot_product_attention
-from .kvcache import KVCache, kv_cache_bytes_per_token
+from .kvcache import KVCache, StaticKVCache, kv_cache_bytes_per_token
 from .masks import causal_mask, padding_mask, sliding_window_mask
 from .mha import MultiHeadAttention, merge_heads, split_heads
 from .positional import (
@@ -81,6 +83,7 @@ __all__ = [
     "sliding_window_mask",
     "MultiHeadAttention",
     "KVCache",
+    "StaticKVCache",
     "kv_cache_bytes_per_token",
     "split_heads",
     "merge_heads",

@@ -11,6 +11,8 @@ Dimension legend:
     m  number of random features (Performer's ``num_features``)
     Df width of a feature map's output (D for elu + 1, m for Performer)
     R  number of hash rounds (Reformer's ``n_hashes``)
+    Bq, Bk  queries and keys of one flash-attention tile (``query_block_size``, ``block_size``)
+    BH batch and heads merged into one dim (B * H), as flash attention's tiles run them
 
 Every function takes q ``(B, H, T, D)``, k ``(B, H, S, D)`` and v
 ``(B, H, S, Dv)`` and returns the output ``(B, H, T, Dv)``.
@@ -20,7 +22,8 @@ Two families live here:
 * **exact** methods give the same numbers as :func:`attnbook.scaled_dot_product_attention`
   with a mask, but never build a ``(T, S)`` matrix: :func:`sliding_window_attention`
   (banded mask), :func:`block_sparse_attention` (BigBird pattern) and
-  :func:`flash_attention` (no mask, or causal; tiled with an online softmax);
+  :func:`flash_attention` (no mask, or causal; tiled with an online softmax, and a
+  backward pass that recomputes the tiles from the log-sum-exp, as FlashAttention-2);
 * **approximations** change the attention itself: :func:`linear_attention`
   (a positive feature map instead of exp), :func:`performer_attention`
   (random features whose dot product estimates exp), :func:`lsh_attention`
@@ -40,11 +43,13 @@ attend to gets a zero output.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 from torch.types import Device
 
 from ._checks import check_int, shape_str
@@ -66,6 +71,11 @@ __all__ = [
     "lsh_buckets",
     "lsh_attention",
     "flash_attention",
+    "flash_attention_with_lse",
+    "flash_attention_backward",
+    "FlashAttentionFunction",
+    "FLASH_BLOCK",
+    "FLASH_QUERY_BLOCK",
     "Variant",
     "REGISTRY",
     "NUM_FEATURES",
@@ -756,101 +766,260 @@ def lsh_attention(
 
 # ----------------------------------------------------------------------------- FlashAttention
 
+_LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
+
+
+def _flash_blocks(T: int, bq: int | None, bk: int) -> int:
+    """The query block size: ``bq`` (default :data:`FLASH_QUERY_BLOCK`) rounded up to a multiple of the
+    key block ``bk``, and no larger than T rounded up to one (so a short sequence is one query block)."""
+    bq = FLASH_QUERY_BLOCK if bq is None else check_int("query_block_size", bq, 1)
+    bq = -(-bq // bk) * bk  # a multiple of bk: a key block never straddles two query blocks' diagonals
+    return max(bk, min(bq, -(-T // bk) * bk))
+
+
+def _flash_diagonal_bias(bq: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``(bq, bq)`` additive bias of a query block against the keys at the same positions:
+    0 where key c <= query r (may attend), ``finfo.min`` above the diagonal."""
+    tri = torch.ones(bq, bq, dtype=torch.bool, device=device).tril()  # (bq, bq) key c <= query r
+    return _blocking_bias(tri, dtype)
+
+
+def _flash_key_blocks(a: int, ae: int, S: int, bk: int, causal: bool) -> Iterator[tuple[int, int, bool]]:
+    """The key blocks ``[c, ce)`` that the query block ``[a, ae)`` meets, and whether the tile needs the
+    causal bias. Causal (top-left, key j <= query i): blocks that start after the block's last query
+    ``ae - 1`` are skipped; a block that reaches past its first query ``a`` is a diagonal tile."""
+    end = min(S, ae) if causal else S
+    for c in range(0, end, bk):
+        ce = min(c + bk, S)
+        yield c, ce, causal and ce - 1 > a
+
+
+def _flash_forward_3d(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, bq: int, bk: int,
+                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward pass on ``(BH, T, D)``, ``(BH, S, D)``, ``(BH, S, Dv)`` tensors of a float dtype of at
+    least 32 bits; returns the output ``(BH, T, Dv)`` and the base-2 log-sum-exp ``(BH, T, 1)``."""
+    BH, T, D = q.shape
+    S, Dv = k.shape[1], v.shape[-1]
+    lowest = torch.finfo(q.dtype).min
+    q2 = q * (scale * _LOG2E)  # (BH, T, D) scores in base 2: exp2(q2 k) = exp(scale q k)
+    kt = k.transpose(1, 2)  # (BH, D, S) a view
+    diagonal = _flash_diagonal_bias(bq, q.dtype, q.device) if causal else None
+    out = torch.empty(BH, T, Dv, dtype=q.dtype, device=q.device)  # (BH, T, Dv)
+    lse2 = torch.empty(BH, T, 1, dtype=q.dtype, device=q.device)  # (BH, T, 1)
+    for a in range(0, T, bq):  # one query block at a time: its m, l and acc stay small (in the CPU's cache)
+        ae = min(a + bq, T)
+        qa = q2[:, a:ae]  # (BH, Bq, D)
+        m = torch.full((BH, ae - a, 1), lowest, dtype=q.dtype, device=q.device)  # (BH, Bq, 1) running max
+        l = torch.zeros(BH, ae - a, 1, dtype=q.dtype, device=q.device)  # (BH, Bq, 1) running sum of exp2
+        acc = torch.zeros(BH, ae - a, Dv, dtype=q.dtype, device=q.device)  # (BH, Bq, Dv) unnormalised output
+        for c, ce, diag in _flash_key_blocks(a, ae, S, bk, causal):
+            s = torch.bmm(qa, kt[:, :, c:ce])  # (BH, Bq, Bk) one tile of scores (base 2)
+            if diag:
+                assert diagonal is not None
+                s.add_(diagonal[: ae - a, c - a : ce - a])  # blocked: finfo.min (key c + x > query a + r)
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (BH, Bq, 1)
+            # every query row has seen key 0 in the first tile, so m_new is a real score and a blocked
+            # entry gives exp2(finfo.min - m_new) = 0 exactly
+            p = s.sub_(m_new).exp2_()  # (BH, Bq, Bk) in place: the tile of scores becomes its weights
+            alpha = m.sub_(m_new).exp2_()  # (BH, Bq, 1) rescales what was summed against the old max
+            l.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
+            acc.mul_(alpha).baddbmm_(p, v[:, c:ce])  # acc * alpha + p @ v_block
+            m = m_new
+        torch.div(acc, l.clamp_min(torch.finfo(q.dtype).tiny), out=out[:, a:ae])  # (BH, Bq, Dv)
+        torch.add(m, l.log2(), out=lse2[:, a:ae])  # (BH, Bq, 1) log2 sum_j exp2(s_ij)
+    return out, lse2
+
+
+def _flash_backward_3d(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse2: torch.Tensor,
+                       dout: torch.Tensor, causal: bool, bq: int, bk: int,
+                       scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward pass on ``(BH, length, dim)`` tensors (as :func:`_flash_forward_3d`'s, plus the output,
+    its base-2 log-sum-exp and the output's gradient ``dout``); returns dq, dk, dv."""
+    T, S = q.shape[1], k.shape[1]
+    q2 = q * (scale * _LOG2E)  # (BH, T, D) as in the forward pass: the same tiles of scores
+    kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # (BH, D, S), (BH, Dv, S) views
+    delta = (dout * out).sum(dim=-1, keepdim=True)  # (BH, T, 1) D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij
+    diagonal = _flash_diagonal_bias(bq, q.dtype, q.device) if causal else None
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)  # (BH, T, D), (BH, S, D), (BH, S, Dv)
+    for a in range(0, T, bq):
+        ae = min(a + bq, T)
+        qa, q2a, doa = q[:, a:ae], q2[:, a:ae], dout[:, a:ae]  # (BH, Bq, D), (BH, Bq, D), (BH, Bq, Dv)
+        lse_a, delta_a, dqa = lse2[:, a:ae], delta[:, a:ae], dq[:, a:ae]  # (BH, Bq, 1) x 2, (BH, Bq, D) a view
+        for c, ce, diag in _flash_key_blocks(a, ae, S, bk, causal):
+            s = torch.bmm(q2a, kt[:, :, c:ce])  # (BH, Bq, Bk) the forward pass's tile, recomputed
+            if diag:
+                assert diagonal is not None
+                s.add_(diagonal[: ae - a, c - a : ce - a])
+            p = s.sub_(lse_a).exp2_()  # (BH, Bq, Bk) P_ij = exp(s_ij - lse_i): the final weights, at once
+            dv[:, c:ce].baddbmm_(p.transpose(1, 2), doa)  # dV_j += P^T dO
+            dp = torch.bmm(doa, vt[:, :, c:ce])  # (BH, Bq, Bk) dP = dO V^T
+            ds = dp.sub_(delta_a).mul_(p)  # (BH, Bq, Bk) dS = P * (dP - D), in place
+            dqa.baddbmm_(ds, k[:, c:ce])  # dQ_i += dS K (times scale below)
+            dk[:, c:ce].baddbmm_(ds.transpose(1, 2), qa)  # dK_j += dS^T Q (times scale below)
+    return dq.mul_(scale), dk.mul_(scale), dv
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """:func:`flash_attention` as an autograd function: the forward pass saves q, k, v, the output and the
+    per-query log-sum-exp, nothing of size T x S; the backward pass recomputes each tile's weights from
+    them (FlashAttention-2). Call it through :func:`flash_attention`, which checks the arguments."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, block_size: int,
+                query_block_size: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        B, H, T, D = q.shape
+        S, Dv = k.shape[2], v.shape[-1]
+        work = torch.promote_types(q.dtype, torch.float32)  # float16/bfloat16 tiles are computed in float32
+        q3 = q.reshape(B * H, T, D).to(work)  # (BH, T, D)
+        k3 = k.reshape(B * H, S, D).to(work)  # (BH, S, D)
+        v3 = v.reshape(B * H, S, Dv).to(work)  # (BH, S, Dv)
+        out3, lse2 = _flash_forward_3d(q3, k3, v3, causal, query_block_size, block_size, scale)
+        out = out3.view(B, H, T, Dv).to(q.dtype)  # (B, H, T, Dv)
+        lse = (lse2 / _LOG2E).view(B, H, T)  # (B, H, T) natural log: log sum_j exp(scale q_i k_j)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.settings = (causal, block_size, query_block_size, scale)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dout: torch.Tensor, _dlse: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        causal, block_size, query_block_size, scale = ctx.settings
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, dout, causal, block_size, scale,
+                                              query_block_size=query_block_size)
+        return dq, dk, dv, None, None, None, None
+
+
+FLASH_BLOCK = 256
+"""Default key block (``block_size``) of :func:`flash_attention`: the keys of one tile."""
+FLASH_QUERY_BLOCK = 512
+"""Default query block (``query_block_size``) of :func:`flash_attention`: the queries of one tile."""
+
+
+def _flash_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int,
+                query_block_size: int | None, scale: float | None) -> tuple[int, int, float]:
+    """Check flash's arguments; return the key block, the query block and the scale."""
+    _B, _H, T, _S, D = _check_bhtd(q, k, v)
+    bk = check_int("block_size", block_size, 1)
+    return bk, _flash_blocks(T, query_block_size, bk), _check_scale(scale, D)
+
+
+def flash_attention_with_lse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    block_size: int = FLASH_BLOCK,
+    scale: float | None = None,
+    *,
+    query_block_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`flash_attention`'s output ``(B, H, T, Dv)`` and the per-query log-sum-exp ``(B, H, T)``,
+    ``lse_i = log sum_j exp(scale * q_i . k_j)`` over the keys query i may attend: everything the
+    backward pass keeps besides q, k and v. The output is differentiable (the log-sum-exp is not)."""
+    bk, bq, scale = _flash_args(q, k, v, block_size, query_block_size, scale)
+    out, lse = FlashAttentionFunction.apply(q, k, v, bool(causal), bk, bq, scale)
+    return out, lse
+
 
 def flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     causal: bool = False,
-    block_size: int = 128,
+    block_size: int = FLASH_BLOCK,
     scale: float | None = None,
+    *,
+    query_block_size: int | None = None,
 ) -> torch.Tensor:
-    """Exact softmax attention, tiled with an online softmax (FlashAttention's
-    forward pass, Dao et al., 2022), in plain PyTorch.
+    """Exact softmax attention, tiled with an online softmax, with its own backward pass
+    (FlashAttention-2, Dao 2023), in plain PyTorch. Returns ``(B, H, T, Dv)``, equal to
+    ``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)``, and so are its gradients.
 
-    Queries and keys are cut into blocks of ``block_size``. Every query block
-    visits the key blocks one at a time and keeps three running quantities
-    per query: the max score so far ``m``, the sum of ``exp(score - m)`` so far
-    ``l`` and the unnormalised output ``acc``. A key block whose (query block,
-    key block) tile of scores is ``s`` updates them as::
+    **Forward.** Queries are cut into blocks of ``query_block_size`` rows (default
+    :data:`FLASH_QUERY_BLOCK`, rounded up to a multiple of ``block_size``) and keys into blocks of
+    ``block_size`` (default :data:`FLASH_BLOCK`). Each query block visits the key blocks one at a
+    time and keeps three running quantities per query: the max score so far ``m``, the sum of
+    ``exp(score - m)`` so far ``l`` and the unnormalised output ``acc``. A key block whose tile of
+    scores is ``s`` updates them as::
 
         m_new = max(m, rowmax(s))
         p     = exp(s - m_new)
         l     = exp(m - m_new) * l   + rowsum(p)
         acc   = exp(m - m_new) * acc + p @ v_block
 
-    (``exp(m - m_new)`` rescales what was summed against the old max) and at
-    the end ``out = acc / l``. The result equals
-    ``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)``.
+    (``exp(m - m_new)`` rescales what was summed against the old max) and at the end
+    ``out = acc / l`` and ``lse = m + log(l)``, the log-sum-exp of the query's scores. The GPU kernel
+    runs the query blocks in parallel; here the loop over query blocks is the outer one (as in
+    FlashAttention-2), so one query block's ``m``, ``l``, ``acc`` and its ``(query block, key block)``
+    tile of scores stay small enough for the CPU's cache, and the tile is turned into its weights in
+    place. The exponentials are ``exp2`` on scores in base 2 (``scale * log2(e)`` is folded into q once):
+    the same numbers, and ``exp2`` is the cheaper instruction (as in the CUDA kernels).
 
-    As the GPU kernel runs the query blocks in parallel, the Python loop here
-    runs over key blocks only and the query blocks are a batch dimension: each
-    step handles the tiles (every query block, one key block), so at most
-    ``T * block_size`` scores exist at a time, O(T * block) memory instead of
-    O(T * S). With ``causal`` (query i sees keys j <= i, top-left aligned as in
-    PyTorch) the tiles entirely above the diagonal are skipped: key block
-    ``n`` only meets query blocks ``n, n+1, ...``, which halves the work.
+    **Causal** (query i sees keys j <= i, top-left aligned as in PyTorch, also when T != S): key
+    blocks that start after a query block's last query are skipped (about half the tiles), and only
+    the tiles on the diagonal get a bias of ``finfo.min`` above it.
 
-    Memory note: the O(T * block) bound holds for the forward pass (e.g. under
-    ``torch.no_grad()``). Gradients flow, but through autograd, which keeps
-    every tile for the backward pass.
+    **What the backward pass keeps.** q, k, v, the output and ``lse``, one number per query: O(T * D)
+    memory, no ``(T, S)`` matrix and no tile (autograd through the loop would keep every tile, as much
+    as the explicit path). The log-sum-exp is all the backward pass needs because
+
+    * the final weights are ``P_ij = exp(s_ij - lse_i)``: recomputing a tile's scores
+      ``s = scale * q_i . k_j`` (one more matrix product) and subtracting ``lse_i`` gives that
+      tile's weights at once, already normalised, without replaying the running max and sum;
+    * the softmax's gradient needs, besides P and ``dP = dO V^T``, only one number per query,
+      ``D_i = sum_j P_ij dP_ij = dO_i . O_i`` (because ``O_i = sum_j P_ij v_j``), which the output
+      and its gradient give without any tile.
+
+    Then, tile by tile: ``dV_j += P^T dO``, ``dP = dO V_j^T``, ``dS = P * (dP - D)``,
+    ``dQ_i += scale * dS K_j``, ``dK_j += scale * dS^T Q_i``: five matrix products per tile against the
+    forward pass's two, and at most two tiles alive (P and dS).
+
+    float32 and float64 are computed in their own dtype; float16 and bfloat16 in float32 (returned in
+    the input's dtype). No masks other than ``causal``. Use :func:`flash_attention_with_lse` for the
+    log-sum-exp too, and :func:`flash_attention_backward` to run the backward pass by hand.
     """
-    B, H, T, S, D = _check_bhtd(q, k, v)
-    bs = check_int("block_size", block_size, 1)
-    scale = _check_scale(scale, D)
-    acc_dtype = torch.promote_types(q.dtype, torch.float32)
-    lowest = torch.finfo(acc_dtype).min
-    dev = q.device
-    Dv = v.shape[-1]
-    nq = -(-T // bs)
-    Tp = nq * bs
-    qb = (F.pad(q, (0, 0, 0, Tp - T)).to(acc_dtype) * scale).view(B, H, nq, bs, D)  # (B, H, nq, bs, D)
-    m = torch.full((B, H, nq, bs, 1), lowest, dtype=acc_dtype, device=dev)  # (B, H, nq, bs, 1)
-    l = torch.zeros(B, H, nq, bs, 1, dtype=acc_dtype, device=dev)  # (B, H, nq, bs, 1)
-    acc = torch.zeros(B, H, nq, bs, Dv, dtype=acc_dtype, device=dev)  # (B, H, nq, bs, Dv)
-    if causal:
-        tri = torch.ones(bs, bs, dtype=torch.bool, device=dev).tril()  # (bs, bs) key c <= query r
-        diagonal_bias = _blocking_bias(tri, acc_dtype)  # (bs, bs) 0 or finfo.min
-    # without autograd the tiles can be updated in place (fewer temporaries)
-    in_place = not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
-    for n, ks in enumerate(range(0, S, bs)):
-        first = n if causal else 0  # query blocks before this one lie entirely above the diagonal
-        if first >= nq:
-            break
-        ke = min(ks + bs, S)
-        kb = k[:, :, ks:ke].to(acc_dtype)  # (B, H, Bc, D)
-        vb = v[:, :, ks:ke].to(acc_dtype)  # (B, H, Bc, Dv)
-        nr = nq - first  # query blocks meeting this key block
-        # one (nr * bs, D) @ (D, Bc) product per (batch, head): the query blocks share the key block
-        s = torch.matmul(qb[:, :, first:].reshape(B, H, nr * bs, D), kb.transpose(-2, -1))  # (B, H, nr*bs, Bc)
-        s = s.view(B, H, nr, bs, ke - ks)  # (B, H, nr, bs, Bc)
-        if causal:
-            # only the diagonal tile (query block n against key block n) has
-            # blocked entries: query n*bs + r sees key n*bs + c when c <= r
-            s[:, :, 0].add_(diagonal_bias[:, : ke - ks])
-        m_old = m[:, :, first:]  # (B, H, nr, bs, 1)
-        m_new = torch.maximum(m_old, s.amax(dim=-1, keepdim=True))  # (B, H, nr, bs, 1)
-        # every row of every tile visited has an allowed key (key block n's first
-        # key for query block n), so m_new is a real score and blocked entries
-        # give exp(finfo.min - m_new) = 0 exactly
-        p = s.sub_(m_new).exp_() if in_place else torch.exp(s - m_new)  # (B, H, nr, bs, Bc)
-        alpha = torch.exp(m_old - m_new)  # (B, H, nr, bs, 1)
-        pv = torch.matmul(p.view(B, H, nr * bs, ke - ks), vb).view(B, H, nr, bs, Dv)  # (B, H, nr, bs, Dv)
-        if in_place:
-            l[:, :, first:].mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
-            acc[:, :, first:].mul_(alpha).add_(pv)
-            m[:, :, first:] = m_new
-            continue
-        l_new = alpha * l[:, :, first:] + p.sum(dim=-1, keepdim=True)  # (B, H, nr, bs, 1)
-        acc_new = alpha * acc[:, :, first:] + pv  # (B, H, nr, bs, Dv)
-        if first:
-            m = torch.cat([m[:, :, :first], m_new], dim=2)  # (B, H, nq, bs, 1)
-            l = torch.cat([l[:, :, :first], l_new], dim=2)  # (B, H, nq, bs, 1)
-            acc = torch.cat([acc[:, :, :first], acc_new], dim=2)  # (B, H, nq, bs, Dv)
-        else:
-            m, l, acc = m_new, l_new, acc_new
-    out = torch.where(l > 0, acc / l.clamp_min(torch.finfo(acc_dtype).tiny), 0.0)  # (B, H, nq, bs, Dv)
-    return out.reshape(B, H, Tp, Dv)[:, :, :T].to(q.dtype)  # (B, H, T, Dv)
+    return flash_attention_with_lse(q, k, v, causal, block_size, scale, query_block_size=query_block_size)[0]
+
+
+def flash_attention_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    causal: bool = False,
+    block_size: int = FLASH_BLOCK,
+    scale: float | None = None,
+    *,
+    query_block_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashAttention-2's backward pass by hand: the gradients ``(dq, dk, dv)`` of attention with
+    respect to q ``(B, H, T, D)``, k ``(B, H, S, D)`` and v ``(B, H, S, Dv)``, given the output
+    ``out (B, H, T, Dv)`` and log-sum-exp ``lse (B, H, T)`` of :func:`flash_attention_with_lse` and the
+    output's gradient ``grad_out (B, H, T, Dv)``. It is what ``flash_attention(...).backward()`` runs;
+    see :func:`flash_attention` for the algorithm."""
+    bk, bq, scale = _flash_args(q, k, v, block_size, query_block_size, scale)
+    B, H, T, D = q.shape
+    S, Dv = k.shape[2], v.shape[-1]
+    for name, t, shape in (("out", out, (B, H, T, Dv)), ("grad_out", grad_out, (B, H, T, Dv)), ("lse", lse, (B, H, T))):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must be {shape} for q {shape_str(q)} and v {shape_str(v)}, got {shape_str(t)}")
+    work = torch.promote_types(q.dtype, torch.float32)
+    dq, dk, dv = _flash_backward_3d(
+        q.reshape(B * H, T, D).to(work),  # (BH, T, D)
+        k.reshape(B * H, S, D).to(work),  # (BH, S, D)
+        v.reshape(B * H, S, Dv).to(work),  # (BH, S, Dv)
+        out.reshape(B * H, T, Dv).to(work),  # (BH, T, Dv)
+        lse.reshape(B * H, T, 1).to(work) * _LOG2E,  # (BH, T, 1) base 2, as the forward pass computed it
+        grad_out.reshape(B * H, T, Dv).to(work),  # (BH, T, Dv)
+        bool(causal), bq, bk, scale,
+    )
+    return dq.view(B, H, T, D).to(q.dtype), dk.view(B, H, S, D).to(k.dtype), dv.view(B, H, S, Dv).to(v.dtype)
 
 
 # ----------------------------------------------------------------------------- the registry

@@ -1,6 +1,7 @@
 """A key/value cache for incremental (token-by-token) decoding.
 
-Dimension legend: B batch, Hkv key/value heads, S cached length, D head dim, N layers.
+Dimension legend: B batch, Hkv key/value heads, S cached length, D head dim (Dv for values),
+N layers.
 
 When a decoder generates token t+1 it needs the keys and values of tokens
 0..t. They do not change once computed (causal attention: earlier tokens never
@@ -8,6 +9,12 @@ see later ones), so instead of re-running the whole prefix every step, each
 attention layer stores them and only projects the newest token. With
 grouped-query attention the cache holds Hkv heads, not H: that is where
 GQA and MQA save memory.
+
+Two caches, side by side: :class:`KVCache` concatenates (each step copies the
+whole cache into a new tensor one token longer: simple, and quadratic in
+total), :class:`StaticKVCache` preallocates ``max_len`` positions and writes
+each new token in place (what serving code does). :func:`copied_bytes_per_step`
+measures what each step writes.
 
 How much memory, counted for a whole model: :func:`kv_cache_bytes_per_token`
 and :func:`kv_cache_bytes` (defaults: :data:`MODEL_7B`, the shape of the
@@ -20,10 +27,10 @@ from typing import TypedDict
 
 import torch
 
-from ._checks import check_int
+from ._checks import check_int, shape_str
 
-__all__ = ["KVCache", "kv_cache_bytes_per_token", "kv_cache_bytes", "MODEL_7B", "ModelShape"]
-
+__all__ = ["KVCache", "StaticKVCache", "copied_bytes_per_step", "kv_cache_bytes_per_token", "kv_cache_bytes", "MODEL_7B",
+           "ModelShape"]
 
 
 class ModelShape(TypedDict):
@@ -38,8 +45,29 @@ class ModelShape(TypedDict):
 MODEL_7B: ModelShape = {"num_layers": 32, "head_dim": 128, "dtype": torch.float16}
 
 
+def _check_new(cache: KVCache, k: torch.Tensor, v: torch.Tensor) -> None:
+    """New keys and values ``(B, Hkv, T_new, D)`` and ``(B, Hkv, T_new, Dv)`` that fit what ``cache`` holds."""
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if k.dim() != 4 or v.dim() != 4 or k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k and v must be (B, Hkv, T, D) with matching (B, Hkv, T), got {shape_str(k)} and {shape_str(v)}")
+    if cache.k is not None and cache.v is not None:
+        if k.shape[:2] != cache.k.shape[:2] or k.shape[3] != cache.k.shape[3] or v.shape[3] != cache.v.shape[3]:
+            raise ValueError(f"new keys {shape_str(k)} and values {shape_str(v)} do not fit the cache's "
+                             f"{shape_str(cache.k)} and {shape_str(cache.v)}")
+        if k.dtype != cache.k.dtype or v.dtype != cache.v.dtype:
+            raise TypeError(f"new keys and values are {k.dtype} and {v.dtype}, the cache holds {cache.k.dtype}")
+
+
 class KVCache:
-    """Keys and values of one attention layer, ``(B, Hkv, S, D)`` each, grown by ``append``."""
+    """Keys and values of one attention layer, ``(B, Hkv, S, D)`` each, grown by ``append``.
+
+    ``append`` concatenates: every step builds new ``(B, Hkv, S + 1, D)`` tensors and copies the
+    whole cache into them, so generating n tokens copies about n^2 / 2 tokens' keys and values in
+    all (:func:`copied_bytes_per_step` measures it). The simplest correct cache, kept for teaching;
+    :class:`StaticKVCache` is what serving code does.
+    """
 
     def __init__(self) -> None:
         self.k: torch.Tensor | None = None
@@ -54,26 +82,110 @@ class KVCache:
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the new tokens' keys and values ``(B, Hkv, T_new, D)``; return all of them."""
-        if k.dim() != 4 or v.dim() != 4 or k.shape[:3] != v.shape[:3]:
-            raise ValueError(f"k and v must be (B, Hkv, T, D) with matching (B, Hkv, T), got {tuple(k.shape)} and {tuple(v.shape)}")
+        _check_new(self, k, v)
         if self.k is None:
             self.k, self.v = k, v
         else:
             assert self.v is not None  # keys and values are set together
-            if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
-                raise ValueError(f"new keys {tuple(k.shape)} do not fit the cache's {tuple(self.k.shape)}")
-            self.k = torch.cat([self.k, k], dim=2)  # (B, Hkv, S + T_new, D)
+            self.k = torch.cat([self.k, k], dim=2)  # (B, Hkv, S + T_new, D): a new tensor, the old one copied
             self.v = torch.cat([self.v, v], dim=2)  # (B, Hkv, S + T_new, Dv)
         return self.k, self.v
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the cached keys and values (``len(self)`` tokens)."""
         if self.k is None or self.v is None:
             return 0
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
 
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` tokens (``0 <= length <= len(self)``): rewind the cache, e.g. to time
+        one decoding step again at the same length."""
+        length = check_int("length", length, 0, len(self))
+        if length == 0:
+            self.reset()
+        elif self.k is not None and self.v is not None:
+            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]  # (B, Hkv, length, D)
+
     def reset(self) -> None:
         self.k = self.v = None
+
+
+class StaticKVCache(KVCache):
+    """A KV cache preallocated for ``max_len`` tokens: ``append`` writes the new tokens' keys and
+    values in place, into buffers ``(B, Hkv, max_len, D)``, and copies nothing else.
+
+    The buffers are allocated by the first ``append`` (which gives B, Hkv, D, the dtype and the
+    device) and kept by :meth:`reset`; ``k`` and ``v`` are views of their first ``len(self)``
+    positions, so attention reads the cache without a copy. A step writes one token's keys and values
+    whatever the length (:func:`copied_bytes_per_step`), and the memory is reserved once, up front
+    (``allocated_bytes``): what serving systems do, Hugging Face's ``StaticCache`` among them. vLLM's
+    paged attention goes one step further: fixed-size blocks handed out on demand, so that many
+    sequences of unknown lengths share one pool without reserving ``max_len`` for each.
+    Appending past ``max_len`` raises a ``ValueError``.
+    """
+
+    def __init__(self, max_len: int) -> None:
+        super().__init__()
+        self.max_len = check_int("max_len", max_len, 1)
+        self.k_buffer: torch.Tensor | None = None
+        self.v_buffer: torch.Tensor | None = None
+
+    def __repr__(self) -> str:
+        shape = None if self.k_buffer is None else tuple(self.k_buffer.shape)
+        return f"StaticKVCache(length={len(self)}, max_len={self.max_len}, k buffer shape={shape})"
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new tokens' keys and values ``(B, Hkv, T_new, D)`` after the cached ones; return
+        views of all of them, ``(B, Hkv, S + T_new, D)``."""
+        _check_new(self, k, v)
+        S, n = len(self), k.shape[2]
+        if S + n > self.max_len:
+            raise ValueError(f"the cache is full: max_len={self.max_len}, it holds {S} tokens and {n} more do not fit "
+                             f"(make it with a larger max_len)")
+        B, Hkv, _, D = k.shape
+        wanted = ((B, Hkv, self.max_len, D), (B, Hkv, self.max_len, v.shape[3]))
+        if (self.k_buffer is None or self.v_buffer is None or (tuple(self.k_buffer.shape), tuple(self.v_buffer.shape))
+                != wanted or self.k_buffer.dtype != k.dtype or self.k_buffer.device != k.device):
+            # first append (or first after reset() with other sizes): reserve max_len positions
+            self.k_buffer = k.new_empty(wanted[0])  # (B, Hkv, max_len, D)
+            self.v_buffer = v.new_empty(wanted[1])  # (B, Hkv, max_len, Dv)
+        self.k_buffer[:, :, S:S + n].copy_(k)  # only the new tokens are written
+        self.v_buffer[:, :, S:S + n].copy_(v)
+        self.k = self.k_buffer[:, :, :S + n]  # (B, Hkv, S + T_new, D) a view, no copy
+        self.v = self.v_buffer[:, :, :S + n]  # (B, Hkv, S + T_new, Dv)
+        return self.k, self.v
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of the two buffers (``max_len`` tokens), 0 before the first ``append``."""
+        if self.k_buffer is None or self.v_buffer is None:
+            return 0
+        return self.k_buffer.numel() * self.k_buffer.element_size() + self.v_buffer.numel() * self.v_buffer.element_size()
+
+
+def copied_bytes_per_step(cache: KVCache, steps: int, *, batch: int = 1, num_kv_heads: int = 1, head_dim: int = 64,
+                          prompt_len: int = 1, dtype: torch.dtype = torch.float32,
+                          device: str | torch.device | None = None) -> list[int]:
+    """Bytes each decoding step writes into ``cache``, measured: fill ``cache`` (emptied first) with a prompt
+    of ``prompt_len`` tokens, then append one token ``steps`` times and count, for each append, the bytes
+    that PyTorch's operators write (:func:`attnbook.measure.bytes_written`: new tensors and in-place writes).
+
+    For keys and values of ``row = batch * num_kv_heads * head_dim * itemsize`` bytes per token and per
+    tensor, the step that grows the cache from S to S + 1 tokens writes ``2 * (S + 1) * row`` bytes into a
+    :class:`KVCache` (the whole cache is copied: quadratic in total) and ``2 * row`` into a
+    :class:`StaticKVCache` (only the new token: flat). Returns one count per step."""
+    from .measure import bytes_written
+
+    steps = check_int("steps", steps, 1)
+    prompt_len = check_int("prompt_len", prompt_len, 1)
+    shape = (check_int("batch", batch), check_int("num_kv_heads", num_kv_heads), 1, check_int("head_dim", head_dim))
+    cache.reset()
+    prompt = torch.zeros(shape[0], shape[1], prompt_len, shape[3], dtype=dtype, device=device)  # (B, Hkv, S0, D)
+    cache.append(prompt, prompt.clone())
+    new_k = torch.ones(shape, dtype=dtype, device=device)  # (B, Hkv, 1, D) one new token
+    new_v = torch.ones(shape, dtype=dtype, device=device)
+    return [bytes_written(lambda: cache.append(new_k, new_v)) for _ in range(steps)]
 
 
 def kv_cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,

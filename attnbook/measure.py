@@ -11,6 +11,10 @@ Dimension legend: T sequence length (the size a cost curve runs over).
 * **Memory, tracked** (:class:`TensorMemoryTracker`, :func:`tracked_memory`): every tensor storage PyTorch's
   operators allocate, until it is freed. Deterministic (the same code gives the same bytes on every run),
   but blind to scratch buffers a C++ kernel allocates for itself.
+* **Bytes written** (:class:`BytesWrittenCounter`, :func:`bytes_written`): the bytes PyTorch's operators
+  write, into new tensors or in place (views write nothing): how much a KV cache copies per step.
+* **Forward and backward** (:func:`forward_backward`): a call and its backward pass as one zero-argument
+  callable, to time or track training rather than inference.
 * **Memory, measured** (:func:`peak_rss_growth`, :func:`cuda_peak_growth`): how far one call raises the
   process's peak resident memory (Linux) or the CUDA allocator's peak: what the machine really saw.
 * **Cost curves and crossovers** (:func:`cost_curves`, :func:`crossover`): time and tracked memory of
@@ -47,6 +51,9 @@ __all__ = [
     "time_calls",
     "TensorMemoryTracker",
     "tracked_memory",
+    "BytesWrittenCounter",
+    "bytes_written",
+    "forward_backward",
     "peak_rss_growth",
     "cuda_peak_growth",
     "cost_curves",
@@ -219,6 +226,77 @@ def tracked_memory(fn: Callable[[], object]) -> dict[str, Any]:
         out = fn()
         del out
     return {"peak_bytes": m.peak, "largest_bytes": m.largest, "ops": sorted(m.ops)}
+
+
+# ----------------------------------------------------------------------------- bytes written
+
+
+class BytesWrittenCounter(TorchDispatchMode):
+    """Inside ``with BytesWrittenCounter() as c:``, count the bytes PyTorch's operators write.
+
+    An operator writes each tensor it returns, except a view of an input (``slice``, ``transpose``,
+    ...), which writes nothing: a new tensor (``cat``, ``mm``, ``a + b``) counts its whole size, an
+    in-place or ``out=`` operator (``copy_``, ``add_``) the size of the tensor it writes into, which
+    may be a slice of a larger one. ``c.bytes``: the total; ``c.by_op``: per operator, e.g.
+    ``{"aten::cat": 2048}``. Deterministic; what a C++ kernel writes to its own scratch memory is not seen.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+        self.by_op: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **kwargs or {})
+        written = 0
+        results = out if isinstance(out, (tuple, list)) else (out,)
+        for ret, t in zip(func._schema.returns, results):
+            alias = ret.alias_info
+            if isinstance(t, torch.Tensor) and (alias is None or alias.is_write):  # not a view of an input
+                written += t.numel() * t.element_size()
+        if written:
+            name = func._schema.name
+            self.bytes += written
+            self.by_op[name] = self.by_op.get(name, 0) + written
+        return out
+
+
+def bytes_written(fn: Callable[[], object]) -> int:
+    """Bytes the operators of one call of ``fn()`` write (:class:`BytesWrittenCounter`), under
+    ``torch.no_grad()``. ``bytes_written(lambda: torch.cat([a, b]))`` is the bytes of a and b together;
+    ``bytes_written(lambda: buf[:, 5:6].copy_(x))`` is the bytes of x."""
+    with torch.no_grad(), BytesWrittenCounter() as c:
+        fn()
+    return c.bytes
+
+
+# ----------------------------------------------------------------------------- forward and backward
+
+
+def forward_backward(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor,
+                     grad_out: torch.Tensor | None = None) -> Callable[[], tuple[torch.Tensor, ...]]:
+    """A zero-argument callable that runs ``fn(*inputs)`` and its backward pass and returns the gradients
+    with respect to ``inputs`` (as ``torch.autograd.grad``; nothing is accumulated in ``.grad``), for
+    :func:`time_calls` and :func:`tracked_memory`, which then measure training rather than inference.
+
+    Gradients are enabled inside the call (both helpers run their calls under ``torch.no_grad()``); the
+    inputs are used through aliases that require grad (no copy). The output's gradient is ``grad_out``,
+    or all ones (the loss ``fn(*inputs).sum()``). ``tracked_memory(forward_backward(f, q, k, v))`` is the
+    peak of a training step of ``f``: what the forward pass keeps for the backward pass, and its tiles.
+    """
+    for i, t in enumerate(inputs):
+        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+            raise TypeError(f"inputs[{i}] must be a floating-point torch.Tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    leaves = tuple(t.detach().requires_grad_() for t in inputs)
+
+    def run() -> tuple[torch.Tensor, ...]:
+        with torch.enable_grad():
+            out = fn(*leaves)
+            if grad_out is None:
+                return torch.autograd.grad(out.sum(), leaves)
+            return torch.autograd.grad(out, leaves, grad_out)
+
+    return run
 
 
 # ----------------------------------------------------------------------------- memory, measured

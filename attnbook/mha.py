@@ -200,7 +200,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = True,
         cache: KVCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``cache`` (an :class:`attnbook.KVCache`) turns on incremental decoding for
+        """``cache`` (an :class:`attnbook.KVCache` or :class:`attnbook.StaticKVCache`) turns on incremental decoding for
         self-attention: only the new tokens in ``query`` are projected, their keys
         and values are appended to the cache, and the queries attend over
         everything cached. The mask then has S = cached + new keys (see

@@ -10,12 +10,13 @@ Dimension legend: B batch (1), H heads (2), T sequence length, D head dim (32).
     causal: the cost ratio time(T_large) / time(T_small) (goal < 10: a 4x
     longer sequence; quadratic attention is ~16x) and the speed-up over
     ``F.scaled_dot_product_attention`` at T_large (goal > 1).
-(b) flash_attention at T_large: peak memory against the naive explicit path
+(b) flash_attention (inference) at T_large: peak memory against the naive explicit path
     (``attnbook.scaled_dot_product_attention``, which builds the (T, T)
     weights), measured in a fresh subprocess for each as the growth of the
     peak RSS over one call (VmHWM reset through /proc/self/clear_refs on
     Linux, else ru_maxrss) (goal <= 1/10), and its time against the naive
-    path (goal <= 2x).
+    path (goal <= 2x). Its training (forward+backward) and its speed against PyTorch's kernel are
+    bench/bench_flash.py's.
 
 Every case is a variant of ``attnbook.efficient.REGISTRY`` run by
 ``attnbook.efficient.attention_call`` on ``attnbook.efficient.make_inputs(T)``
@@ -39,7 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "efficient.json"
 B, H, D, WINDOW = 1, 2, 32, 64
-FLASH_BLOCK = 128  # flash_attention's default tile size
+FLASH_BLOCK = 256  # flash_attention's default tiles: 256 keys (attnbook.efficient.FLASH_BLOCK) ...
+FLASH_QUERY_BLOCK = 512  # ... by 512 queries (attnbook.efficient.FLASH_QUERY_BLOCK)
 
 # case name (the keys of efficient.json and of bench/report.py's tables) -> (registry variant, causal, window)
 CASES = {
@@ -149,7 +151,7 @@ def main(argv=None) -> int:
     mem = {m: r["peak_growth_bytes"] for m, r in measured.items()}
     analytic = {  # float32 bytes of the largest score tensor each path holds
         "naive": B * H * t_large * t_large * 4,
-        "flash": B * H * t_large * FLASH_BLOCK * 4,
+        "flash": B * H * FLASH_QUERY_BLOCK * FLASH_BLOCK * 4,  # one (query block, key block) tile per head
     }
 
     rows = []  # (name, value, goal, target, note)
@@ -210,6 +212,7 @@ def main(argv=None) -> int:
                 "rounds": repeats,
                 "rounds_naive_flash": big_repeats,
                 "flash_block_size": FLASH_BLOCK,
+                "flash_query_block_size": FLASH_QUERY_BLOCK,
                 "torch": torch.__version__,
                 "python": platform.python_version(),
                 "machine": platform.machine(),

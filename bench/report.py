@@ -7,9 +7,10 @@ Dimension legend: B batch (1), H heads (2), T sequence length, D head dim (32).
 
 What it does, in order:
 
-1. runs the goals of ``bench/bench_efficient.py`` (its ``main``; ``--quick`` and
-   ``--threads`` are passed on), which writes ``bench/results/efficient.json``;
-   ``--skip-goals`` reuses the JSON already there;
+1. runs the goals of ``bench/bench_efficient.py`` and ``bench/bench_flash.py`` (their
+   ``main``; ``--quick`` and ``--threads`` are passed on), which write
+   ``bench/results/efficient.json`` and ``bench/results/flash.json``; ``--skip-goals``
+   reuses the JSON already there;
 2. times every case of ``bench_efficient.cases`` at several T with
    ``bench_efficient.time_cases`` (median of interleaved rounds after a warm-up), plus
    the other variants of chapter 8 (block sparse, Performer, LSH) from the same
@@ -44,13 +45,14 @@ for p in (ROOT, BENCH):
         sys.path.insert(0, str(p))
 
 import bench_efficient as be  # noqa: E402
+import bench_flash as bf  # noqa: E402
 
 EXTRA = ("block sparse", "performer", "LSH")  # chapter 8's other variants, window/block/chunk 64
 STYLE = {  # case -> (label, color, line style)
     "naive": ("exact, explicit T×T (attnbook)", "tab:blue", "-"),
     "sdpa": ("PyTorch fused SDPA", "tab:green", "-"),
     "sdpa_causal": ("PyTorch fused SDPA, causal", "tab:green", ":"),
-    "flash": ("flash (Python, block 128)", "tab:gray", "-."),
+    "flash": (f"flash (Python, tiles {be.FLASH_QUERY_BLOCK}×{be.FLASH_BLOCK})", "tab:gray", "-."),
     "flash_causal": ("flash, causal", "tab:gray", ":"),
     "sliding_window": ("sliding window (64)", "tab:orange", "--"),
     "sliding_window_causal": ("sliding window, causal", "tab:orange", ":"),
@@ -145,7 +147,7 @@ def _when(t_values, cost, ref) -> str:
 
 
 def render(eff: dict, data: dict, t_values: list[int], images: list[str], explorers: dict | None,
-           tasks: dict | None, meta: dict) -> str:
+           tasks: dict | None, meta: dict, flash: dict | None = None) -> str:
     L = ["# Benchmarks", ""]
     L.append(
         f"Measured on {meta['date']} on a machine with {meta['cpus']} CPU(s) ({meta['machine']}), torch "
@@ -156,6 +158,8 @@ def render(eff: dict, data: dict, t_values: list[int], images: list[str], explor
     )
     L.append("")
     goals = [r["pass"] for r in eff["ratios"]]
+    if flash:
+        goals += [r["pass"] for r in flash["ratios"]]
     if explorers:
         goals += [r["meets_goal"] for r in explorers["results"].values()]
     if tasks:
@@ -178,6 +182,25 @@ def render(eff: dict, data: dict, t_values: list[int], images: list[str], explor
         [[r["ratio"], f"{r['measured']:.3f}", r["goal"], "PASS" if r["pass"] else "MISS", r.get("note", "")]
          for r in eff["ratios"]],
     )
+
+    if flash:
+        f = flash["config"]
+        L += ["## Flash attention: training, against PyTorch's kernel", ""]
+        L.append(
+            f"`bench/bench_flash.py`{' --quick' if f.get('quick') else ''}: CPU, T = {f['T']}, float32, "
+            f"{f['threads']} thread(s), tiles of {f['query_block_size']} queries × {f['block_size']} keys, median of "
+            f"{f['rounds']} interleaved rounds, load average {f['load_average']:.2f} at its start. \"forward+backward\" "
+            "is one training step of the attention (`attnbook.measure.forward_backward`); \"SDPA\" is PyTorch's "
+            "`F.scaled_dot_product_attention` (forward and backward), \"explicit\" `attnbook.scaled_dot_product_attention`, "
+            "whose (T, T) weights autograd keeps. Memory is tracked (deterministic) and measured as a fresh "
+            "process's peak RSS growth."
+        )
+        L.append("")
+        L += _table(
+            ["shape", "ratio", "measured", "goal", "result", "note"],
+            [[r["shape"], r["ratio"], f"{r['measured']:.3f}", r["goal"], "PASS" if r["pass"] else "MISS", r["note"]]
+             for r in flash["ratios"]],
+        )
 
     L += ["## Time and memory against sequence length", ""]
     L.append(
@@ -273,7 +296,12 @@ def main(argv=None) -> int:
         rc = be.main((["--quick"] if args.quick else []) + ["--threads", str(args.threads)])
         if rc:
             return rc
+        print("1/3 bench_flash.py goals", flush=True)
+        rc = bf.main((["--quick"] if args.quick else []) + ["--threads", str(args.threads)])
+        if rc:
+            return rc
     eff = json.loads((RESULTS / "efficient.json").read_text())
+    flash = json.loads((RESULTS / "flash.json").read_text()) if (RESULTS / "flash.json").exists() else None
 
     torch = be.setup(args.threads)
     t_values = [256, 512, 1024, 2048] if args.quick else [512, 1024, 2048, 4096, 8192]
@@ -290,7 +318,7 @@ def main(argv=None) -> int:
         "torch": torch.__version__, "python": platform.python_version(), "threads": torch.get_num_threads(),
         "load": load,
     }
-    PAGE.write_text(render(eff, data, t_values, images, explorers, tasks, meta), encoding="utf-8")
+    PAGE.write_text(render(eff, data, t_values, images, explorers, tasks, meta, flash), encoding="utf-8")
     print(f"wrote {PAGE.relative_to(ROOT)} and {', '.join(images)}")
     return 0
 

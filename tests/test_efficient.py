@@ -459,13 +459,14 @@ def test_lsh_attention_finite_and_errors():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
-    "T, S, block_size",
-    [(1, 1, 128), (37, 37, 8), (64, 64, 16), (50, 50, 128), (37, 53, 8), (53, 37, 10), (5, 40, 3)],
+    "T, S, block_size, query_block_size",
+    [(1, 1, 128, None), (37, 37, 8, None), (64, 64, 16, 16), (50, 50, 128, None), (37, 53, 8, 16),
+     (53, 37, 10, 20), (5, 40, 3, None), (70, 45, 4, 8), (45, 70, 16, 32)],
 )
-def test_flash_equals_pytorch(T, S, block_size, causal, dtype):
+def test_flash_equals_pytorch(T, S, block_size, query_block_size, causal, dtype):
     q, k, v = qkv(2, 3, T, 16, S=S, Dv=12, dtype=dtype)
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    out = flash_attention(q, k, v, causal=causal, block_size=block_size)
+    out = flash_attention(q, k, v, causal=causal, block_size=block_size, query_block_size=query_block_size)
     assert out.dtype == dtype
     tol = {} if dtype == torch.float64 else {"atol": 1e-5, "rtol": 1e-5}
     torch.testing.assert_close(out, ref, **tol)
@@ -479,39 +480,138 @@ def test_flash_scale_and_large_scores():
     torch.testing.assert_close(big, F.scaled_dot_product_attention(q * 100, k * 100, v), atol=1e-4, rtol=1e-4)
 
 
+def _grads(fn, q, k, v, dout):
+    """(out, dq, dk, dv) of ``fn(q, k, v)`` for the output gradient ``dout``."""
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves)
+    return (out.detach(), *torch.autograd.grad(out, leaves, dout))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("causal", [False, True])
-def test_flash_gradients_equal_exact(causal):
-    q, k, v = qkv(1, 2, 21, 4)
-    grads = []
-    for fn in (
-        lambda q, k, v: flash_attention(q, k, v, causal=causal, block_size=6),
-        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-    ):
-        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        (fn(*leaves) * torch.linspace(-1, 1, 4, dtype=torch.float64)).sum().backward()
-        grads.append([t.grad for t in leaves])
-    for got, want in zip(*grads):
-        torch.testing.assert_close(got, want)
+@pytest.mark.parametrize(
+    "T, S, block_size, query_block_size",
+    [(21, 21, 6, None), (37, 53, 8, 16), (53, 37, 10, 20), (5, 40, 3, 3), (70, 45, 16, 16), (1, 9, 4, None),
+     (100, 100, 128, None)],
+)
+def test_flash_gradients_equal_pytorch(T, S, block_size, query_block_size, causal, dtype):
+    # T != S, sizes that are not multiples of either block, one query, one tile
+    q, k, v = qkv(2, 3, T, 16, S=S, Dv=12, dtype=dtype)
+    dout = rand(2, 3, T, 12, seed=7, dtype=dtype)  # a random output gradient, not the all-ones of .sum()
+    got = _grads(lambda q, k, v: flash_attention(q, k, v, causal=causal, block_size=block_size,
+                                                 query_block_size=query_block_size), q, k, v, dout)
+    want = _grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v, dout)
+    tol = {} if dtype == torch.float64 else {"atol": 1e-5, "rtol": 1e-5}
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        assert a.dtype == dtype, name
+        torch.testing.assert_close(a, b, **tol, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("T, S", [(7, 7), (5, 9), (9, 4)])
+def test_flash_gradcheck(T, S, causal):
+    q, k, v = (t.requires_grad_() for t in qkv(1, 2, T, 3, S=S, Dv=2))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: flash_attention(q, k, v, causal=causal, block_size=2, query_block_size=4), (q, k, v)
+    )
+
+
+def test_flash_lse_gives_the_weights_and_the_backward_pass_by_hand():
+    from attnbook.efficient import flash_attention_backward, flash_attention_with_lse
+
+    T, S = 29, 41
+    for causal in (False, True):
+        q, k, v = qkv(2, 2, T, 8, S=S, Dv=5)
+        out, lse = flash_attention_with_lse(q, k, v, causal=causal, block_size=8)
+        assert lse.shape == (2, 2, T) and not lse.requires_grad
+        scores = q @ k.transpose(-1, -2) / math.sqrt(8)  # (B, H, T, S)
+        allowed = causal_mask(T, S) if causal else torch.ones(T, S, dtype=torch.bool)
+        lowest = torch.finfo(scores.dtype).min
+        torch.testing.assert_close(lse, torch.logsumexp(scores.masked_fill(~allowed, lowest), dim=-1))
+        weights = torch.exp(scores - lse[..., None]) * allowed  # P = exp(s - lse): the weights, normalised
+        torch.testing.assert_close(weights, torch.softmax(scores.masked_fill(~allowed, lowest), dim=-1))
+        torch.testing.assert_close(out, weights @ v)
+        dout = rand(2, 2, T, 5, seed=3)
+        by_hand = flash_attention_backward(q, k, v, out, lse, dout, causal=causal, block_size=8)
+        want = _grads(lambda q, k, v, c=causal: F.scaled_dot_product_attention(q, k, v, is_causal=c), q, k, v, dout)[1:]
+        for a, b in zip(by_hand, want):
+            torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_flash_low_precision_computes_in_float32(dtype):
+    q, k, v = qkv(1, 2, 40, 8, dtype=torch.float32)
+    dout = rand(1, 2, 40, 8, seed=5, dtype=torch.float32)
+    low = _grads(lambda q, k, v: flash_attention(q, k, v, causal=True, block_size=8),
+                 *(t.to(dtype) for t in (q, k, v, dout)))
+    ref = _grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v, dout)
+    for a, b in zip(low, ref):
+        assert a.dtype == dtype
+        torch.testing.assert_close(a.float(), b, atol=5e-2, rtol=5e-2)
 
 
 def test_flash_memory_is_tiles():
-    T, bs = 1024, 64
+    T, bs, bq = 1024, 64, 128
     q, k, v = qkv(1, 1, T, 8, dtype=torch.float32)
     with torch.no_grad():
-        largest = largest_tensor_bytes(lambda: flash_attention(q, k, v, block_size=bs))
-    assert largest <= T * bs * F32  # one key block against every query block: T * bs scores, not T * T
+        largest = largest_tensor_bytes(lambda: flash_attention(q, k, v, block_size=bs, query_block_size=bq))
+    assert largest <= max(bq * bs, T * 8) * F32  # one (query block, key block) tile of scores, or an output
+
+
+def test_flash_keeps_only_the_output_and_the_lse_for_the_backward_pass():
+    B, H, T, D = 1, 2, 512, 16
+    q, k, v = (t.requires_grad_() for t in qkv(B, H, T, D, dtype=torch.float32))
+    with TensorMemoryTracker() as m:
+        out = flash_attention(q, k, v, causal=True, block_size=64)
+        kept = m.current  # alive after the forward pass: the output and what the backward pass saved
+    assert kept == B * H * T * (D + 1) * F32  # out (B, H, T, D) and lse (B, H, T): no tile, no (T, T)
+    del out
+
+
+def test_flash_training_memory_is_a_small_fraction_of_the_explicit_path():
+    from attnbook.measure import forward_backward, tracked_memory
+
+    D, blocks = 32, {"block_size": 64, "query_block_size": 128}
+    paths = {"explicit": lambda q, k, v: scaled_dot_product_attention(q, k, v)[0],
+             "flash": lambda q, k, v: flash_attention(q, k, v, **blocks),
+             "flash causal": lambda q, k, v: flash_attention(q, k, v, causal=True, **blocks)}
+    peak: dict[tuple[str, int], int] = {}
+    for T in (512, 1024):
+        q, k, v = qkv(1, 1, T, D, dtype=torch.float32)
+        dout = rand(1, 1, T, D, seed=4, dtype=torch.float32)
+        for name, fn in paths.items():
+            runs = [tracked_memory(forward_backward(fn, q, k, v, grad_out=dout))["peak_bytes"] for _ in range(2)]
+            assert runs[0] == runs[1], name  # deterministic: the same bytes every time
+            peak[name, T] = runs[0]
+    T = 1024
+    assert peak["explicit", T] >= 3 * T * T * F32  # scores, weights and their gradient, (T, T) each
+    assert peak["explicit", T] >= 3.5 * peak["explicit", T // 2]  # quadratic in T
+    for name in ("flash", "flash causal"):
+        assert peak[name, T] <= peak["explicit", T] / 10, (name, peak)
+        assert peak[name, T] <= 2.1 * peak[name, T // 2], (name, peak)  # linear in T: tiles of a fixed size
 
 
 def test_flash_errors():
+    from attnbook.efficient import flash_attention_backward, flash_attention_with_lse
+
     q, k, v = qkv(1, 1, 8, 4)
     with pytest.raises(ValueError, match="block_size must be an int >= 1, got 0"):
         flash_attention(q, k, v, block_size=0)
+    with pytest.raises(ValueError, match="query_block_size must be an int >= 1, got 0"):
+        flash_attention(q, k, v, query_block_size=0)
+    with pytest.raises(TypeError, match="query_block_size must be an int, got float"):
+        flash_attention(q, k, v, query_block_size=2.0)
     with pytest.raises(ValueError, match="scale must be positive, got -1"):
         flash_attention(q, k, v, scale=-1.0)
     with pytest.raises(ValueError, match=r"same head dim D"):
         flash_attention(q, rand(1, 1, 8, 5), v)
     with pytest.raises(TypeError, match="share one dtype"):
         flash_attention(q, k.float(), v)
+    out, lse = flash_attention_with_lse(q, k, v)
+    with pytest.raises(ValueError, match=r"lse must be \(1, 1, 8\) for q \(1, 1, 8, 4\)"):
+        flash_attention_backward(q, k, v, out, lse[..., :4], out)
+    with pytest.raises(TypeError, match="grad_out must be a torch.Tensor, got NoneType"):
+        flash_attention_backward(q, k, v, out, lse, None)
 
 
 # ----------------------------------------------------------------------------- the registry

@@ -5,7 +5,16 @@ import torch
 import torch.nn.functional as F
 
 import attnbook
-from attnbook import KVCache, MultiHeadAttention, causal_mask, kv_cache_bytes_per_token, merge_heads, split_heads
+from attnbook import (
+    KVCache,
+    MultiHeadAttention,
+    StaticKVCache,
+    apply_rotary,
+    causal_mask,
+    kv_cache_bytes_per_token,
+    merge_heads,
+    split_heads,
+)
 from attnbook.kvcache import kv_cache_bytes
 
 
@@ -130,3 +139,133 @@ def test_cache_bytes_match_a_real_cache():
         m(torch.randn(3, 5, 32), cache=cache)
     expected = kv_cache_bytes(2, 5, batch=3, num_layers=1, head_dim=4, dtype=torch.float32)
     assert cache.nbytes == expected
+
+
+# ----------------------------------------------------------------------------- the preallocated cache
+
+
+def _decode(mha, x, cache, prompt_len, rope=False):
+    """Outputs (B, T, E) of ``mha`` run on ``x`` (B, T, E) as a prompt of ``prompt_len`` tokens, then one token at
+    a time through ``cache``; with ``rope``, queries and keys rotated at their positions (past + arange(new))."""
+    outs, T = [], x.shape[1]
+    for start, end in [(0, prompt_len)] + [(t, t + 1) for t in range(prompt_len, T)]:
+        q, k, v = mha.project(x[:, start:end])  # q (B, H, n, D); k, v (B, Hkv, n, D)
+        past = len(cache)
+        assert past == start
+        if rope:
+            pos = past + torch.arange(end - start)  # (n,) positions offset by the cache length
+            q, k = apply_rotary(q, pos), apply_rotary(k, pos)
+        k_all, v_all = cache.append(k, v)  # (B, Hkv, past + n, D)
+        mask = causal_mask(end - start, past + end - start, offset=past)  # (n, S): new tokens after the past
+        outs.append(mha.attend(q, k_all, v_all, mask)[0])
+    return torch.cat(outs, dim=1)
+
+
+def _uncached(mha, x, rope=False):
+    q, k, v = mha.project(x)  # q (B, H, T, D); k, v (B, Hkv, T, D)
+    if rope:
+        q, k = apply_rotary(q), apply_rotary(k)  # positions 0 .. T-1
+    return mha.attend(q, k, v, causal_mask(x.shape[1]))[0]
+
+
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("num_kv_heads", [1, 2, 4])
+@pytest.mark.parametrize("make_cache", [KVCache, lambda: StaticKVCache(12)], ids=["concatenating", "static"])
+def test_both_caches_decode_as_the_uncached_pass_with_gqa_and_rope(make_cache, num_kv_heads, rope):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(32, 4, num_kv_heads=num_kv_heads).double().eval()
+    x = _x(2, 10, 32, seed=4)
+    with torch.no_grad():
+        full = _uncached(mha, x, rope)
+        cache = make_cache()
+        torch.testing.assert_close(_decode(mha, x, cache, 3, rope), full)
+    assert len(cache) == 10 and cache.k.shape == (2, num_kv_heads, 10, 8)
+    assert cache.nbytes == 2 * 2 * num_kv_heads * 10 * 8 * 8  # keys and values of the 10 cached tokens
+    if rope:  # without the offset (positions restarting at 0 each step) the answer is wrong
+        with torch.no_grad():
+            q, k, v = mha.project(x)
+            wrong = mha.attend(apply_rotary(q, torch.zeros(10)), apply_rotary(k), v, causal_mask(10))[0]
+        assert (wrong - full).abs().max() > 1e-3
+
+
+def test_the_static_cache_writes_in_place_and_rejects_what_does_not_fit():
+    cache = StaticKVCache(max_len=6)
+    assert len(cache) == 0 and cache.allocated_bytes == 0 and cache.k is None
+    k0, v0 = _x(2, 3, 4, 5, seed=1), _x(2, 3, 4, 7, seed=2)  # (B, Hkv, T_new, D) and (B, Hkv, T_new, Dv)
+    k_all, v_all = cache.append(k0, v0)
+    assert cache.k_buffer.shape == (2, 3, 6, 5) and cache.v_buffer.shape == (2, 3, 6, 7)
+    assert cache.allocated_bytes == 2 * 3 * 6 * (5 + 7) * 8 and cache.nbytes == 2 * 3 * 4 * (5 + 7) * 8
+    buffer = cache.k_buffer.data_ptr()
+    k_all, v_all = cache.append(k0[:, :, :2], v0[:, :, :2])
+    assert k_all.data_ptr() == buffer and cache.k_buffer.data_ptr() == buffer  # the same memory: no new tensor
+    torch.testing.assert_close(k_all, torch.cat([k0, k0[:, :, :2]], dim=2))
+    torch.testing.assert_close(v_all, torch.cat([v0, v0[:, :, :2]], dim=2))
+    assert "length=6, max_len=6" in repr(cache)
+    with pytest.raises(ValueError, match="the cache is full: max_len=6, it holds 6 tokens and 1 more do not fit"):
+        cache.append(k0[:, :, :1], v0[:, :, :1])
+    with pytest.raises(ValueError, match="do not fit the cache's"):
+        cache.append(_x(2, 2, 1, 5), _x(2, 2, 1, 7))
+    with pytest.raises(TypeError, match="the cache holds torch.float64"):
+        cache.append(k0[:, :, :1].float(), v0[:, :, :1].float())
+    cache.truncate(3)  # rewind: the next append overwrites positions 3..
+    assert len(cache) == 3 and cache.k.shape == (2, 3, 3, 5)
+    cache.append(k0[:, :, 3:], v0[:, :, 3:])
+    torch.testing.assert_close(cache.k, torch.cat([k0[:, :, :3], k0[:, :, 3:]], dim=2))
+    cache.reset()
+    assert len(cache) == 0 and cache.allocated_bytes > 0  # the buffers are kept for the next sequence
+    with pytest.raises(ValueError, match="max_len must be an int >= 1, got 0"):
+        StaticKVCache(0)
+    with pytest.raises(TypeError, match="max_len must be an int, got float"):
+        StaticKVCache(4.0)
+    with pytest.raises(ValueError, match=r"length must be an int in \[0, 0\], got 1"):
+        cache.truncate(1)
+    with pytest.raises(ValueError, match=r"k and v must be \(B, Hkv, T, D\)"):
+        cache.append(_x(2, 3, 5), _x(2, 3, 5))
+
+
+def test_the_concatenating_cache_truncates_and_checks_dtypes():
+    cache = KVCache()
+    k0 = _x(1, 2, 5, 4)
+    cache.append(k0, k0)
+    cache.truncate(2)
+    assert len(cache) == 2
+    torch.testing.assert_close(cache.append(k0[:, :, :1], k0[:, :, :1])[0], torch.cat([k0[:, :, :2], k0[:, :, :1]], 2))
+    with pytest.raises(TypeError, match="the cache holds torch.float64"):
+        cache.append(k0.float(), k0.float())
+    cache.truncate(0)
+    assert len(cache) == 0 and cache.k is None
+
+
+def test_bytes_copied_per_step_grow_with_concatenation_and_stay_flat_in_place():
+    from attnbook.kvcache import copied_bytes_per_step
+
+    B, Hkv, D, prompt, steps = 2, 4, 16, 5, 8
+    row = B * Hkv * D * 4  # bytes of one token's keys (or values), float32
+    concat = copied_bytes_per_step(KVCache(), steps, batch=B, num_kv_heads=Hkv, head_dim=D, prompt_len=prompt)
+    static = copied_bytes_per_step(StaticKVCache(prompt + steps), steps, batch=B, num_kv_heads=Hkv, head_dim=D,
+                                   prompt_len=prompt)
+    # step i grows the cache from prompt + i to prompt + i + 1 tokens: cat copies all of them, keys and values
+    assert concat == [2 * (prompt + i + 1) * row for i in range(steps)]
+    assert static == [2 * row] * steps  # only the new token's keys and values
+    n = 100
+    total = sum(copied_bytes_per_step(KVCache(), n, head_dim=8, prompt_len=1))
+    assert total == 2 * 8 * 4 * sum(range(2, n + 2))  # quadratic in the generated length: n^2 / 2 tokens
+    with pytest.raises(ValueError, match="the cache is full"):
+        copied_bytes_per_step(StaticKVCache(4), 4, prompt_len=1)
+
+
+def test_model_generation_with_a_static_cache():
+    from attnbook.tasks import DecoderOnlyTransformer, copy_task
+
+    task = copy_task(length=4, num_symbols=5)
+    torch.manual_seed(0)
+    model = DecoderOnlyTransformer(task.vocab, d_model=16, num_heads=4, num_layers=2, max_len=16).eval()
+    with torch.no_grad():
+        model.head.bias[task.vocab.pad_id] = -100.0  # untrained: never emit PAD (a cached step refuses padding)
+    src, _ = task.batch(4, seed=2, split="test")
+    plain, plain_logits = model.generate(src, 6, return_logits=True)
+    static, static_logits = model.generate(src, 6, use_cache=True, static_cache=True, return_logits=True)
+    assert torch.equal(plain, static)
+    torch.testing.assert_close(static_logits, plain_logits, atol=1e-5, rtol=1e-5)
+    caches = model.new_caches(static=True)
+    assert all(isinstance(c, StaticKVCache) and c.max_len == 16 for c in caches)

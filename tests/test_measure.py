@@ -161,3 +161,40 @@ def test_machine_summary_names_the_cpu_threads_and_torch():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="cuda"):
             measure.machine_summary("cuda")
+
+
+def test_bytes_written_counts_new_tensors_and_in_place_writes_not_views():
+    from attnbook.measure import BytesWrittenCounter, bytes_written
+
+    a, b = torch.zeros(10), torch.ones(6)  # 40 and 24 bytes
+    assert bytes_written(lambda: torch.cat([a, b])) == 64  # a new tensor: all of it is written
+    assert bytes_written(lambda: a[2:4].copy_(b[:2])) == 8  # in place: only the two elements written
+    assert bytes_written(lambda: a.view(2, 5).t()[1:]) == 0  # views write nothing
+    assert bytes_written(lambda: torch.cat([a, b], out=torch.empty(16))) == 64 + 64  # empty() counts, out= writes
+    with torch.no_grad(), BytesWrittenCounter() as c:
+        torch.cat([a, a])
+        a.add_(1)
+    assert c.bytes == 80 + 40 and c.by_op == {"aten::cat": 80, "aten::add_": 40}
+
+
+def test_forward_backward_returns_the_gradients_and_tracks_a_training_step():
+    from attnbook.measure import forward_backward
+
+    x = torch.randn(50, 40, dtype=torch.float64)
+    w = torch.randn(40, 30, dtype=torch.float64)
+    step = forward_backward(lambda x, w: torch.tanh(x @ w), x, w)
+    dx, dw = step()
+    y = torch.tanh(x @ w)
+    torch.testing.assert_close(dw, x.T @ (1 - y**2))  # d(sum tanh(x w)) / dw
+    torch.testing.assert_close(dx, (1 - y**2) @ w.T)
+    assert not x.requires_grad and x.grad is None  # the caller's tensors are left alone
+    g = torch.randn(50, 30, dtype=torch.float64)
+    dx_g, _ = forward_backward(lambda x, w: x @ w, x, w, grad_out=g)()
+    torch.testing.assert_close(dx_g, g @ w.T)
+    with torch.no_grad():  # time_calls and tracked_memory call it under no_grad: it turns gradients back on
+        assert step()[0].shape == x.shape
+    inference = tracked_memory(lambda: torch.tanh(x @ w))["peak_bytes"]
+    training = tracked_memory(step)["peak_bytes"]
+    assert training > inference  # what the forward pass keeps, and the gradients
+    with pytest.raises(TypeError, match=r"inputs\[1\] must be a floating-point torch.Tensor"):
+        forward_backward(lambda x, w: x, x, torch.ones(3, dtype=torch.long))

@@ -1,7 +1,9 @@
 """Property tests (hypothesis): statements that hold for every shape and input, checked on many drawn ones.
 
-* flash attention equals exact attention (tiled online softmax = one softmax), causal or not, any tile size;
-* decoding with a KV cache, one chunk of new tokens at a time, equals the uncached causal pass;
+* flash attention equals exact attention (tiled online softmax = one softmax), causal or not, any tile size,
+  and so do its gradients (FlashAttention-2's backward pass, recomputing the tiles from the log-sum-exp);
+* decoding with a KV cache (concatenating or preallocated), one chunk of new tokens at a time, equals the
+  uncached causal pass;
 * ``merge_heads`` undoes ``split_heads`` and the other way round, and a head is a contiguous slice of E;
 * RoPE's score depends on the positions only through their difference, and keeps norms.
 
@@ -15,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnbook import KVCache, MultiHeadAttention, apply_rotary, causal_mask, merge_heads, split_heads
+from attnbook import KVCache, MultiHeadAttention, StaticKVCache, apply_rotary, causal_mask, merge_heads, split_heads
 from attnbook.core import scaled_dot_product_attention
 from attnbook.efficient import flash_attention
 
@@ -42,13 +44,34 @@ def test_flash_equals_exact_attention(B, H, T, S, D, Dv, block_size, causal, see
     torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-10)
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    T=st.integers(1, 30), S=st.integers(1, 30), D=st.integers(1, 6), Dv=st.integers(1, 5),
+    block_size=st.integers(1, 13), query_block_size=st.one_of(st.none(), st.integers(1, 20)), causal=st.booleans(),
+    seed=st.integers(0, 10_000), scale=st.one_of(st.none(), st.floats(0.05, 3.0)),
+)
+def test_flash_gradients_equal_exact_attention(T, S, D, Dv, block_size, query_block_size, causal, seed, scale):
+    # top-left causal alignment (query i sees keys j <= i) also when T != S, as is_causal in PyTorch
+    q, k, v = _rand(1, 2, T, D, seed=seed), _rand(1, 2, S, D, seed=seed + 1), _rand(1, 2, S, Dv, seed=seed + 2)
+    dout = _rand(1, 2, T, Dv, seed=seed + 3)  # (B, H, T, Dv) the output's gradient
+    mask = causal_mask(T, S) if causal else None
+    grads = []
+    for fn in (lambda q, k, v: flash_attention(q, k, v, causal=causal, block_size=block_size, scale=scale,
+                                               query_block_size=query_block_size),
+               lambda q, k, v: scaled_dot_product_attention(q, k, v, mask, scale=scale)[0]):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        grads.append(torch.autograd.grad(fn(*leaves), leaves, dout))
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     H=st.sampled_from([1, 2, 4]), kv_div=st.sampled_from([1, 2, 4]), D=st.integers(1, 4),
     prefix=st.integers(1, 6), chunks=st.lists(st.integers(1, 3), min_size=1, max_size=4), B=st.integers(1, 2),
-    seed=st.integers(0, 10_000),
+    seed=st.integers(0, 10_000), static=st.booleans(), room=st.integers(0, 3),
 )
-def test_cached_decoding_equals_the_uncached_causal_pass(H, kv_div, D, prefix, chunks, B, seed):
+def test_cached_decoding_equals_the_uncached_causal_pass(H, kv_div, D, prefix, chunks, B, seed, static, room):
     num_kv_heads = max(1, H // kv_div)
     E = H * D
     torch.manual_seed(seed)
@@ -57,7 +80,7 @@ def test_cached_decoding_equals_the_uncached_causal_pass(H, kv_div, D, prefix, c
     x = _rand(B, T, E, seed=seed)  # (B, T, E)
     with torch.no_grad():
         full, _ = m(x, mask=causal_mask(T))  # (B, T, E): every token sees itself and the earlier ones
-        cache = KVCache()
+        cache = StaticKVCache(T + room) if static else KVCache()
         steps, start = [], 0
         for n in [prefix, *chunks]:  # the prompt, then a few new tokens at a time
             past = len(cache)

@@ -1,6 +1,6 @@
-"""One short script for a machine with a GPU: the attention functions, the
-measuring helpers and the explorers on CUDA (or another device), checked
-against PyTorch and the CPU.
+"""One short script for a machine with a GPU: the attention functions, flash
+attention's backward pass, both KV caches, the measuring helpers and the
+explorers on CUDA (or another device), checked against PyTorch and the CPU.
 
     .venv/bin/python tools/gpu_check.py            # cuda (fails if there is none)
     .venv/bin/python tools/gpu_check.py --device cpu   # the same checks on the CPU (a dry run)
@@ -20,7 +20,14 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import attnbook  # noqa: E402
-from attnbook import KVCache, MultiHeadAttention, causal_mask, padding_mask, scaled_dot_product_attention  # noqa: E402
+from attnbook import (  # noqa: E402
+    KVCache,
+    MultiHeadAttention,
+    StaticKVCache,
+    causal_mask,
+    padding_mask,
+    scaled_dot_product_attention,
+)
 
 CHECKS = []
 
@@ -61,14 +68,102 @@ def mha_paths_and_gqa(dev):
 
 @check
 def kv_cache_decoding(dev):
-    torch.manual_seed(0)
-    m = MultiHeadAttention(64, 4, num_kv_heads=2).to(dev).eval()
-    x = torch.randn(1, 12, 64, device=dev)
-    full, _ = m(x, mask=causal_mask(12, device=dev))
-    cache = KVCache()
-    steps = [m(x[:, :4], mask=causal_mask(4, device=dev), cache=cache)[0]]
-    steps += [m(x[:, t:t + 1], cache=cache)[0] for t in range(4, 12)]
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    for make in (KVCache, lambda: StaticKVCache(12)):
+        torch.manual_seed(0)
+        m = MultiHeadAttention(64, 4, num_kv_heads=2).to(dev).eval()
+        x = torch.randn(1, 12, 64, device=dev)
+        full, _ = m(x, mask=causal_mask(12, device=dev))
+        cache = make()
+        steps = [m(x[:, :4], mask=causal_mask(4, device=dev), cache=cache)[0]]
+        steps += [m(x[:, t:t + 1], cache=cache)[0] for t in range(4, 12)]
+        torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+        assert cache.k.device.type == torch.device(dev).type
+
+
+@check
+def kv_caches_per_step(dev):
+    """Both caches on the device: bytes written per step (measured) and time of one decoding step
+    (append one token, then attend over the cache) against the cache length, GQA 32 query / 8 KV heads."""
+    from attnbook.kvcache import copied_bytes_per_step
+    from attnbook.measure import time_calls
+
+    dtype = torch.float16 if dev.startswith("cuda") else torch.float32
+    B, H, Hkv, D = 1, 32, 8, 128
+    row = B * Hkv * D * torch.empty((), dtype=dtype).element_size()  # bytes of one token's keys (or values)
+    lengths = (1024, 4096, 16384) if dev.startswith("cuda") else (256, 1024, 4096)
+    concat = copied_bytes_per_step(KVCache(), 3, batch=B, num_kv_heads=Hkv, head_dim=D, prompt_len=lengths[0],
+                                   dtype=dtype, device=dev)
+    static = copied_bytes_per_step(StaticKVCache(lengths[0] + 3), 3, batch=B, num_kv_heads=Hkv, head_dim=D,
+                                   prompt_len=lengths[0], dtype=dtype, device=dev)
+    assert concat == [2 * (lengths[0] + i + 1) * row for i in range(3)], concat
+    assert static == [2 * row] * 3, static
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, 1, D, generator=g).to(dev, dtype)  # (B, H, 1, D) the new token's query
+    new = torch.randn(B, Hkv, 1, D, generator=g).to(dev, dtype)  # (B, Hkv, 1, D) its key (and value)
+    print(f"    {'S':>6s} {'concat: MiB written':>20s} {'static':>8s} {'concat: ms/step':>16s} {'static':>8s}")
+    for S in lengths:
+        prompt = torch.randn(B, Hkv, S - 1, D, generator=g).to(dev, dtype)  # (B, Hkv, S - 1, D)
+        calls, outs = {}, {}
+        for name, cache in (("concat", KVCache()), ("static", StaticKVCache(S))):
+            cache.append(prompt, prompt)
+
+            def step(cache=cache, S=S):
+                cache.truncate(S - 1)  # back to S - 1 tokens: every call is the step from S - 1 to S
+                k, v = cache.append(new, new)  # (B, Hkv, S, D)
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # (B, H, 1, D)
+
+            calls[name], outs[name] = step, step()
+        torch.testing.assert_close(outs["concat"], outs["static"])
+        t = time_calls(calls, rounds=5, device=dev)
+        written = {name: 2 * S * row if name == "concat" else 2 * row for name in calls}
+        print(f"    {S:6d} {written['concat'] / 2**20:20.2f} {written['static'] / 2**20:8.4f} "
+              f"{t['concat'] * 1e3:16.3f} {t['static'] * 1e3:8.3f}")
+
+
+@check
+def flash_backward(dev):
+    """flash_attention's gradients on the device against F.scaled_dot_product_attention's (T != S, causal or
+    not, sizes that are not multiples of a tile), half precision against float32, and one training step's
+    time and peak memory against SDPA and the explicit path."""
+    from attnbook import efficient as ef
+    from attnbook.measure import cuda_peak_growth, forward_backward, time_calls, tracked_memory
+
+    g = torch.Generator().manual_seed(0)
+    for T, S, causal in ((1000, 1000, False), (1000, 1000, True), (700, 1300, True), (1300, 700, False)):
+        q = torch.randn(2, 4, T, 64, generator=g).to(dev)  # (B, H, T, D)
+        k, v = (torch.randn(2, 4, S, 64, generator=g).to(dev) for _ in range(2))  # (B, H, S, D)
+        dout = torch.randn(2, 4, T, 64, generator=g).to(dev)
+        def flash(q, k, v, causal=causal):
+            return ef.flash_attention(q, k, v, causal=causal)
+
+        def sdpa(q, k, v, causal=causal):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        got = forward_backward(flash, q, k, v, grad_out=dout)()
+        want = forward_backward(sdpa, q, k, v, grad_out=dout)()
+        where = f"T={T} S={S} causal={causal}"
+        for name, a, b in zip(("dq", "dk", "dv"), got, want):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=lambda m, n=name, w=where: f"{n} {w}: {m}")
+        for dtype in (torch.float16, torch.bfloat16):
+            low = forward_backward(flash, *(t.to(dtype) for t in (q, k, v)), grad_out=dout.to(dtype))()
+            for a, b in zip(low, want):
+                assert a.dtype == dtype
+                torch.testing.assert_close(a.float(), b, atol=5e-2, rtol=5e-2)
+    T = 4096 if dev.startswith("cuda") else 2048
+    q, k, v = (torch.randn(1, 4, T, 64, generator=g).to(dev) for _ in range(3))
+    steps = {"explicit": forward_backward(lambda q, k, v: scaled_dot_product_attention(q, k, v)[0], q, k, v),
+             "sdpa": forward_backward(F.scaled_dot_product_attention, q, k, v),
+             "flash": forward_backward(ef.flash_attention, q, k, v)}
+    times = time_calls(steps, rounds=3, device=dev)
+    if dev.startswith("cuda"):
+        peaks, how = {n: cuda_peak_growth(fn, dev) for n, fn in steps.items()}, "CUDA peak"
+    else:
+        peaks, how = {n: tracked_memory(fn)["peak_bytes"] for n, fn in steps.items()}, "tracked peak"
+    assert peaks["flash"] <= peaks["explicit"] / 10, peaks
+    print(f"    forward+backward at T={T} (B=1, H=4, D=64, float32): "
+          + ", ".join(f"{n} {times[n] * 1e3:.2f} ms, {peaks[n] / 2**20:.1f} MiB" for n in steps) + f" ({how})")
+    print(f"    flash / SDPA time {times['flash'] / times['sdpa']:.1f}x, flash / explicit memory "
+          f"{peaks['flash'] / peaks['explicit']:.3f}")
 
 
 @check

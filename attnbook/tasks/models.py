@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .._checks import check_int, shape_str
-from ..kvcache import KVCache
+from ..kvcache import KVCache, StaticKVCache
 from ..layers import TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
 from ..masks import causal_mask
 from ..positional import LearnedPositionalEmbedding
@@ -259,9 +259,10 @@ class DecoderOnlyTransformer(nn.Module):
         y, weights = self.blocks(x, mask, need_weights=True, caches=caches)
         return self.head(y), {"self": weights}
 
-    def new_caches(self) -> list[KVCache]:
-        """One empty :class:`attnbook.KVCache` per layer."""
-        return [KVCache() for _ in self.blocks.layers]
+    def new_caches(self, static: bool = False) -> list[KVCache]:
+        """One empty :class:`attnbook.KVCache` per layer, or with ``static=True`` one
+        :class:`attnbook.StaticKVCache` of ``max_len`` positions (preallocated, written in place)."""
+        return [StaticKVCache(self.max_len) if static else KVCache() for _ in self.blocks.layers]
 
     def _sequence(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         _check_ids("src", src, len(self.vocab))
@@ -287,13 +288,15 @@ class DecoderOnlyTransformer(nn.Module):
 
     @torch.no_grad()
     def generate(self, src: torch.Tensor, max_new_tokens: int | None = None, *, use_cache: bool = False,
-                 return_logits: bool = False) -> Any:
+                 static_cache: bool = False, return_logits: bool = False) -> Any:
         """Greedy continuation of ``src <sep>``: ``(B, <= max_new_tokens)`` ids,
         PAD after each row's EOS; stops once every row has an EOS.
 
         ``use_cache=True`` runs the prompt once and then only the newest token
         per step, reusing every layer's keys and values from a KV cache; the
-        tokens are the same as without it. ``return_logits=True`` also returns
+        tokens are the same as without it; ``static_cache=True`` makes those caches
+        :class:`attnbook.StaticKVCache` (preallocated, written in place) instead of the
+        concatenating :class:`attnbook.KVCache`. ``return_logits=True`` also returns
         the logits of each generated position, ``(B, steps, V)``."""
         _check_ids("src", src, len(self.vocab))
         room = self.max_len - src.shape[1]  # the last step reads S + 1 + (max_new_tokens - 1) tokens
@@ -307,7 +310,7 @@ class DecoderOnlyTransformer(nn.Module):
         seq = torch.cat([src, torch.full_like(src[:, :1], self.vocab.sep_id)], dim=1)  # (B, S + 1)
         start = seq.shape[1]
         done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
-        caches = self.new_caches() if use_cache else None
+        caches = self.new_caches(static=static_cache) if use_cache else None
         step_logits = []
         for step in range(max_new_tokens):
             if use_cache:
