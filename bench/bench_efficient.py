@@ -1,39 +1,48 @@
 """Benchmark of attnbook.efficient against PyTorch, measured in one run on the CPU.
 
-    python bench/bench_efficient.py            # T = 2048 and 8192 (about a minute or two)
-    python bench/bench_efficient.py --quick    # T = 512 and 2048, a smoke test
+    python bench/bench_efficient.py            # T = 1024 .. 8192 (a few minutes)
+    python bench/bench_efficient.py --quick    # T = 256 .. 2048, a smoke test
     python bench/bench_efficient.py --threads 0  # torch's default thread count
 
 Dimension legend: B batch (1), H heads (2), T sequence length, D head dim (32).
 
-(a) sliding_window_attention (window 64) and linear_attention, non-causal and
-    causal: the cost ratio time(T_large) / time(T_small) (goal < 10: a 4x
-    longer sequence; quadratic attention is ~16x) and the speed-up over
-    ``F.scaled_dot_product_attention`` at T_large (goal > 1).
-(b) flash_attention (inference) at T_large: peak memory against the naive explicit path
-    (``attnbook.scaled_dot_product_attention``, which builds the (T, T)
-    weights), measured in a fresh subprocess for each as the growth of the
-    peak RSS over one call (VmHWM reset through /proc/self/clear_refs on
-    Linux, else ru_maxrss) (goal <= 1/10), and its time against the naive
-    path (goal <= 2x). Its training (forward+backward) and its speed against PyTorch's kernel are
+Every case (:data:`CASES`) is timed at every T of :data:`T_VALUES` (``--quick``: :data:`T_VALUES_QUICK`)
+in one sweep (:func:`measure`), and the goals are computed from that sweep (:func:`goal_rows`), so the
+goals and the tables of bench/report.py, which calls the same two functions, come from the same numbers:
+
+(a) the linear-cost variants (:data:`LINEAR_COST`: sliding window (window 64) and linear attention,
+    non-causal and causal, BigBird block sparse (blocks of 64), Performer (64 features)): the slope of
+    log(time) against log(T), fitted by least squares over the T values, goal <= 1.15 (1 is linear, 2
+    quadratic; a ratio time(8192) / time(2048) < 10 would let a T^1.66 method pass). The slope of every
+    other case is reported too, without a goal (exact and flash are quadratic; LSH with T/64 buckets
+    hashes at O(T^2 D / 128) cost and sorts at O(T log T));
+(b) sliding window and linear attention: the speed-up over ``F.scaled_dot_product_attention`` at the
+    largest T (goal > 1);
+(c) flash_attention (inference) at the largest T: peak memory against the naive explicit path
+    (``attnbook.scaled_dot_product_attention``, which builds the (T, T) weights), measured in a fresh
+    subprocess for each as the growth of the peak RSS over one call (VmHWM reset through
+    /proc/self/clear_refs on Linux, else ru_maxrss) (goal <= 1/10), and its time against the naive path
+    (goal <= 2x). Its training (forward+backward) and its speed against PyTorch's kernel are
     bench/bench_flash.py's.
 
-Every case is a variant of ``attnbook.efficient.REGISTRY`` run by
-``attnbook.efficient.attention_call`` on ``attnbook.efficient.make_inputs(T)``
-(:data:`CASES`). Times are medians over interleaved repeats (every case once per
-round, so a load spike on this shared machine hits all cases alike) after one
-warm-up call, under ``torch.no_grad()`` (``attnbook.measure.time_calls``). Peak
-RSS growth is ``attnbook.measure.peak_rss_growth``. Results are printed as a
-table and written to bench/results/efficient.json.
+Each case runs through ``attnbook.efficient.attention_call`` on ``attnbook.efficient.make_inputs(T)``.
+Times are medians over interleaved rounds (every case once per round, so a load spike on this shared
+machine hits all cases alike) after one warm-up call, under ``torch.no_grad()``
+(``attnbook.measure.time_calls``). Doubling steps whose time grows faster than any case's arithmetic
+(local slope above 2.5) or shrinks are listed as anomalies (:func:`anomalies`), not hidden.
+Results are printed and written to bench/results/efficient.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import platform
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,19 +51,29 @@ RESULTS = ROOT / "bench" / "results" / "efficient.json"
 B, H, D, WINDOW = 1, 2, 32, 64
 FLASH_BLOCK = 256  # flash_attention's default tiles: 256 keys (attnbook.efficient.FLASH_BLOCK) ...
 FLASH_QUERY_BLOCK = 512  # ... by 512 queries (attnbook.efficient.FLASH_QUERY_BLOCK)
+T_VALUES = (1024, 2048, 4096, 8192)  # the slopes are fitted over these
+T_VALUES_QUICK = (256, 512, 1024, 2048)
+SLOPE_GOAL = 1.15
+ANOMALY_SLOPE = 2.5  # a doubling step whose local slope is above this grows faster than T^2 arithmetic
 
 # case name (the keys of efficient.json and of bench/report.py's tables) -> (registry variant, causal, window)
 CASES = {
+    "naive": ("exact", False, WINDOW),
     "sdpa": ("pytorch", False, WINDOW),
     "sdpa_causal": ("pytorch", True, WINDOW),
+    "flash": ("flash", False, FLASH_BLOCK),
+    "flash_causal": ("flash", True, FLASH_BLOCK),
     "sliding_window": ("sliding window", False, WINDOW),
     "sliding_window_causal": ("sliding window", True, WINDOW),
     "linear": ("linear", False, WINDOW),
     "linear_causal": ("linear", True, WINDOW),
-    "naive": ("exact", False, WINDOW),
-    "flash": ("flash", False, FLASH_BLOCK),
-    "flash_causal": ("flash", True, FLASH_BLOCK),
+    "block_sparse": ("block sparse", False, WINDOW),
+    "performer": ("performer", False, WINDOW),
+    "lsh": ("LSH", False, WINDOW),
 }
+LINEAR_COST = ("sliding_window", "sliding_window_causal", "linear", "linear_causal", "block_sparse", "performer")
+SLOW = ("naive", "flash", "flash_causal")  # a second or more per call at T = 8192: fewer rounds there
+SPEEDUP = ("sliding_window", "sliding_window_causal", "linear", "linear_causal")  # goal: faster than SDPA
 
 
 def setup(threads: int):
@@ -84,6 +103,83 @@ def time_cases(plan: dict[str, Callable[[], object]], repeats: int) -> dict[str,
     return time_calls(plan, repeats, slow_s=None, reduce="median")
 
 
+def loglog_slope(t_values, seconds) -> float:
+    """Least-squares slope of log(seconds) against log(T): 1 for a linear cost, 2 for a quadratic one."""
+    x = [math.log(t) for t in t_values]
+    y = [math.log(s) for s in seconds]
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
+
+
+def slopes(times: dict[str, dict[int, float]], t_values) -> dict[str, float]:
+    """Fitted slope of every case over ``t_values`` (which must all have been measured)."""
+    return {name: loglog_slope(t_values, [series[T] for T in t_values]) for name, series in times.items()}
+
+
+def anomalies(times: dict[str, dict[int, float]]) -> list[str]:
+    """Doubling steps a reader should not take at face value: time growing faster than T^ANOMALY_SLOPE
+    (more than any case's arithmetic, which is at most quadratic) or falling while T grows."""
+    notes = []
+    for name, series in times.items():
+        ts = sorted(series)
+        for a, b in zip(ts, ts[1:]):
+            local = math.log(series[b] / series[a]) / math.log(b / a)
+            if local > ANOMALY_SLOPE or local < 0:
+                notes.append(f"{name}: T = {a} -> {b} took {series[b] / series[a]:.1f}x the time "
+                             f"(local slope {local:.2f}, outside 0 .. {ANOMALY_SLOPE})")
+    return notes
+
+
+def measure(t_values, repeats: int, threads: int, memory: bool = True, progress=print) -> dict:
+    """The sweep: median seconds of every case at every T (``times[case][T]``), the tracked peak bytes of
+    every case (``tracked[case][T]``, with ``memory``) and the peak RSS growth of the naive and flash paths
+    in fresh processes (``rss[case][T]``). Slow cases run 3 rounds above T = 2048."""
+    from attnbook.measure import tracked_memory
+
+    times: dict[str, dict[int, float]] = {}
+    tracked: dict[str, dict[int, int]] = {}
+    rss: dict[str, dict[int, int]] = {"naive": {}, "flash": {}}
+    for T in t_values:
+        plan = cases(T)
+        fast = {n: fn for n, fn in plan.items() if n not in SLOW}
+        slow = {n: plan[n] for n in SLOW}
+        measured = time_cases(fast, repeats)
+        measured.update(time_cases(slow, repeats if T <= 2048 else min(repeats, 3)))
+        for name, fn in plan.items():
+            times.setdefault(name, {})[T] = measured[name]
+            if memory:
+                tracked.setdefault(name, {})[T] = tracked_memory(fn)["peak_bytes"]
+        for name in rss:
+            rss[name][T] = measure_memory(name, T, threads)["peak_growth_bytes"]
+        progress(f"  T = {T}: timed {len(plan)} cases ({repeats} rounds)", flush=True)
+    return {"times": times, "tracked": tracked, "rss": rss}
+
+
+def goal_rows(data: dict, slope_t) -> list[tuple[str, float, str, float, str]]:
+    """(ratio, measured, goal, target, note) for every goal, from one :func:`measure` sweep; the slopes are
+    fitted over ``slope_t``, the other goals are at its largest T."""
+    times, rss = data["times"], data["rss"]
+    t_large = max(slope_t)
+    fitted = slopes(times, slope_t)
+    span = f"T = {min(slope_t)}..{t_large}"
+    rows = []
+    for n in LINEAR_COST:
+        rows.append((f"{n}: fitted log-log slope of time, {span}", fitted[n], "<=", SLOPE_GOAL, "linear cost: 1"))
+    for n in SPEEDUP:
+        ref = "sdpa_causal" if n.endswith("causal") else "sdpa"
+        rows.append((f"{n}: time({ref}) / time({n}) at T={t_large}", times[ref][t_large] / times[n][t_large], ">", 1.0,
+                     f"{times[ref][t_large] * 1e3:.3g} vs {times[n][t_large] * 1e3:.3g} ms"))
+    mem = {m: rss[m][t_large] for m in ("naive", "flash")}
+    largest = {"naive": B * H * t_large * t_large * 4, "flash": B * H * FLASH_QUERY_BLOCK * FLASH_BLOCK * 4}
+    rows.append((f"flash: peak memory / naive peak at T={t_large}", mem["flash"] / max(mem["naive"], 1), "<=", 0.1,
+                 f"peak RSS growth {mem['flash'] / 2**20:.1f} vs {mem['naive'] / 2**20:.1f} MiB (largest scores "
+                 f"tensor {largest['flash'] / 2**20:.0f} vs {largest['naive'] / 2**20:.0f} MiB)"))
+    for n, note in (("flash", ""), ("flash_causal", "naive path is non-causal: an upper bound")):
+        rows.append((f"{n}: time({n}) / time(naive) at T={t_large}", times[n][t_large] / times["naive"][t_large], "<=",
+                     2.0, (f"{times[n][t_large] * 1e3:.0f} vs {times['naive'][t_large] * 1e3:.0f} ms" + (f"; {note}" if note else ""))))
+    return rows
+
+
 def _measure_memory_child(method: str, T: int, threads: int) -> None:
     """Run in a fresh process: print how far one call raises the peak RSS above
     the RSS just before it (bytes), with ``attnbook.measure.peak_rss_growth``."""
@@ -109,9 +205,65 @@ def _verdict(value: float, goal: str, target: float) -> bool:
     return value < target if goal == "<" else value > target if goal == ">" else value <= target
 
 
+def evaluate(data: dict, slope_t) -> list[dict]:
+    """The goal rows of one sweep as dicts with PASS/MISS (``pass``), as efficient.json stores them."""
+    return [{"ratio": name, "measured": round(value, 4), "goal": f"{goal} {target:g}",
+             "pass": _verdict(value, goal, target), "note": note}
+            for name, value, goal, target, note in goal_rows(data, slope_t)]
+
+
+def save(data: dict, slope_t, results: list[dict], config: dict) -> None:
+    """Write bench/results/efficient.json: the config, every median and peak of the sweep, the fitted slopes,
+    the anomalies and the goals."""
+    payload = {
+        "config": config,
+        "median_seconds": {n: {str(T): round(s, 6) for T, s in series.items()} for n, series in data["times"].items()},
+        "tracked_peak_bytes": {n: {str(T): b for T, b in series.items()} for n, series in data["tracked"].items()},
+        "peak_memory_growth_bytes": {n: {str(T): b for T, b in series.items()} for n, series in data["rss"].items()},
+        "fitted_slopes": {n: round(s, 3) for n, s in slopes(data["times"], slope_t).items()},
+        "slope_T": list(slope_t),
+        "anomalies": anomalies(data["times"]),
+        "ratios": results,
+        "all_pass": all(r["pass"] for r in results),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (None where the OS has none): above the CPU count, other programs compete."""
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
+def config(torch, t_values, repeats: int, quick: bool, threads: int, load_start: float | None) -> dict:
+    """What efficient.json records about the run (call it right after the sweep: it reads the load at the end)."""
+    return {
+        "B": B, "H": H, "D": D, "window": WINDOW, "T_values": list(t_values), "quick": quick,
+        "threads": torch.get_num_threads(), "rounds": repeats, "rounds_slow_above_2048": min(repeats, 3),
+        "statistic": "median of interleaved rounds",
+        "flash_block_size": FLASH_BLOCK, "flash_query_block_size": FLASH_QUERY_BLOCK,
+        "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+        "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
+        "load_average_start": load_start, "load_average_end": load_average(),
+    }
+
+
+def print_results(data: dict, slope_t, results: list[dict]) -> None:
+    width = max(len(r["ratio"]) for r in results)
+    print()
+    print(f"{'ratio':<{width}}  {'measured':>9}  {'goal':>8}  result")
+    for r in results:
+        print(f"{r['ratio']:<{width}}  {r['measured']:>9.3f}  {r['goal']:>8}  {'PASS' if r['pass'] else 'MISS'}  {r['note']}")
+    print()
+    print(f"fitted slopes, T = {min(slope_t)}..{max(slope_t)}: "
+          + ", ".join(f"{n} {s:.2f}" for n, s in slopes(data["times"], slope_t).items()))
+    for note in anomalies(data["times"]):
+        print("anomaly:", note)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smaller sizes (T = 512 and 2048), fewer repeats")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (T = 256 .. 2048), fewer repeats")
     ap.add_argument(
         "--threads",
         type=int,
@@ -128,103 +280,20 @@ def main(argv=None) -> int:
         return 0
 
     torch = setup(args.threads)
-    t_small, t_large = (512, 2048) if args.quick else (2048, 8192)
+    t_values = T_VALUES_QUICK if args.quick else T_VALUES
     repeats = args.repeats or (5 if args.quick else 15)
-    big_repeats = max(1, min(repeats, 3))  # the naive (T, T) path takes seconds per call
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), B={B} H={H} D={D} window={WINDOW}, "
-        f"T={t_small} and {t_large}, {repeats} rounds (naive/flash: {big_repeats})",
-        flush=True,
-    )
-
-    small, large = cases(t_small), cases(t_large)
-    variants = ["sliding_window", "sliding_window_causal", "linear", "linear_causal"]
-    plan = {f"{n}@{t_small}": small[n] for n in variants}
-    plan.update({f"{n}@{t_large}": large[n] for n in variants + ["sdpa", "sdpa_causal"]})
-    times = time_cases(plan, repeats)
-    print("timed (a)", flush=True)
-    big = {f"{n}@{t_large}": large[n] for n in ("naive", "flash", "flash_causal")}
-    times.update(time_cases(big, big_repeats))
-    print("timed (b)", flush=True)
-
-    measured = {m: measure_memory(m, t_large, args.threads) for m in ("naive", "flash")}
-    mem = {m: r["peak_growth_bytes"] for m, r in measured.items()}
-    analytic = {  # float32 bytes of the largest score tensor each path holds
-        "naive": B * H * t_large * t_large * 4,
-        "flash": B * H * FLASH_QUERY_BLOCK * FLASH_BLOCK * 4,  # one (query block, key block) tile per head
-    }
-
-    rows = []  # (name, value, goal, target, note)
-    for n in variants:
-        ref = "sdpa_causal" if n.endswith("causal") else "sdpa"
-        rows.append(
-            (f"{n}: time(T={t_large}) / time(T={t_small})", times[f"{n}@{t_large}"] / times[f"{n}@{t_small}"], "<", 10.0, "")
-        )
-        rows.append(
-            (f"{n}: time({ref}) / time({n}) at T={t_large}", times[f"{ref}@{t_large}"] / times[f"{n}@{t_large}"], ">", 1.0, "")
-        )
-    rows.append(
-        (
-            f"flash: peak memory / naive peak at T={t_large}",
-            mem["flash"] / max(mem["naive"], 1),
-            "<=",
-            0.1,
-            f"peak RSS growth {mem['flash'] / 2**20:.1f} vs {mem['naive'] / 2**20:.1f} MiB "
-            f"(largest scores tensor {analytic['flash'] / 2**20:.0f} vs {analytic['naive'] / 2**20:.0f} MiB)",
-        )
-    )
-    rows.append((f"flash: time(flash) / time(naive) at T={t_large}", times[f"flash@{t_large}"] / times[f"naive@{t_large}"], "<=", 2.0, ""))
-    rows.append(
-        (
-            f"flash_causal: time(flash_causal) / time(naive) at T={t_large}",
-            times[f"flash_causal@{t_large}"] / times[f"naive@{t_large}"],
-            "<=",
-            2.0,
-            "naive path is non-causal: an upper bound",
-        )
-    )
-
-    width = max(len(r[0]) for r in rows)
-    print()
-    print(f"{'ratio':<{width}}  {'measured':>9}  {'goal':>8}  result")
-    results = []
-    for name, value, goal, target, note in rows:
-        ok = _verdict(value, goal, target)
-        print(f"{name:<{width}}  {value:>9.3f}  {goal + ' ' + format(target, 'g'):>8}  {'PASS' if ok else 'MISS'}  {note}")
-        results.append({"ratio": name, "measured": round(value, 4), "goal": f"{goal} {target:g}", "pass": ok, "note": note})
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), B={B} H={H} D={D} window={WINDOW}, "
+          f"T = {list(t_values)}, {repeats} rounds", flush=True)
+    load_start = load_average()
+    data = measure(t_values, repeats, args.threads, memory=False)
+    run = config(torch, t_values, repeats, args.quick, args.threads, load_start)
+    results = evaluate(data, t_values)
+    print_results(data, t_values, results)
     if args.quick:
-        print("(--quick is a smoke test: the goals are set for T = 2048 and 8192, where a fixed overhead weighs less)")
-    print()
-    print("median seconds: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(times.items())))
-
+        print("(--quick is a smoke test: the goals are set for T = 1024 .. 8192, where a fixed overhead weighs less)")
     if not args.no_save:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "config": {
-                "B": B,
-                "H": H,
-                "D": D,
-                "window": WINDOW,
-                "T_small": t_small,
-                "T_large": t_large,
-                "quick": args.quick,
-                "threads": torch.get_num_threads(),
-                "rounds": repeats,
-                "rounds_naive_flash": big_repeats,
-                "flash_block_size": FLASH_BLOCK,
-                "flash_query_block_size": FLASH_QUERY_BLOCK,
-                "torch": torch.__version__,
-                "python": platform.python_version(),
-                "machine": platform.machine(),
-            },
-            "median_seconds": {k: round(v, 6) for k, v in sorted(times.items())},
-            "peak_memory_growth_bytes": mem,
-            "peak_memory_method": measured["flash"]["how"],
-            "largest_scores_tensor_bytes": analytic,
-            "ratios": results,
-            "all_pass": all(r["pass"] for r in results),
-        }
-        RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
+        data["tracked"] = {}
+        save(data, t_values, results, run)
         print(f"wrote {RESULTS.relative_to(ROOT)}")
     return 0
 
