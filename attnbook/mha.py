@@ -113,7 +113,13 @@ class MultiHeadAttention(nn.Module):
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
-        # as torch.nn.MultiheadAttention: Xavier-uniform projections, zero biases
+        # Xavier-uniform on each of W^Q, W^K, W^V separately, zero biases; W^O keeps nn.Linear's default
+        # weight (as torch's out_proj). A square (E, E) projection gets weight variance 2/(E + E) = 1/E, so
+        # unit-variance inputs give q, k, v entries of variance about 1 and scaled scores q.k / sqrt(D) of
+        # std about 1 (the setting of chapter 2's argument; with kdim or fewer kv heads: 2/(fan_in + fan_out)).
+        # NOT the same as torch.nn.MultiheadAttention, which applies Xavier once to its fused (3E, E)
+        # in_proj_weight: variance 2/(E + 3E) = 1/(2E), half ours, so entries of variance about 0.5 and scaled
+        # scores of std about 0.5. Chapter 2 (section 2.4) measures both.
         for lin in (self.q_proj, self.k_proj, self.v_proj):
             nn.init.xavier_uniform_(lin.weight)
         for lin in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
