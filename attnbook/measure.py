@@ -34,6 +34,7 @@ import resource
 import statistics
 import sys
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -450,8 +451,13 @@ def dispatched_ops(fn: Callable[[], object], prefix: str = "aten::") -> list[str
     names the kernel PyTorch chose, e.g. ``["aten::_scaled_dot_product_flash_attention_for_cpu"]``."""
     from torch.profiler import ProfilerActivity, profile
 
-    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
+    with _quiet_stderr(), warnings.catch_warnings():
+        # newer torch (2.11) warns once per process that the profiler "clears events at the end of each
+        # cycle": true, and beside the point for one run; only that message of that category is silenced
+        warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle",
+                                category=UserWarning)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
     names: list[str] = []
     for event in sorted(prof.events(), key=lambda e: e.time_range.start):
         if event.name.startswith(prefix) and event.name not in names:
