@@ -218,13 +218,14 @@ class Control:
         common = dict(options=options, value=self.default, description=self.label,
                       style={"description_width": "initial"})
         if self.kind == "slider":
-            return W.SelectionSlider(continuous_update=False, layout=W.Layout(width="auto", min_width="24em"),
+            return W.SelectionSlider(continuous_update=False, layout=W.Layout(width="auto", max_width="40em"),
                                      **common)
         if self.kind == "toggle":
-            # auto widths: buttons of the default width with the label do not fit in the default box, and wrap
-            return W.ToggleButtons(layout=W.Layout(width="auto"),
+            # ipywidgets 8 puts ToggleButtons' description above its buttons (a block, not an inline box):
+            # a row puts it beside them, as for every other control
+            return W.ToggleButtons(layout=W.Layout(display="flex", flex_flow="row", align_items="center"),
                                    **{**common, "style": {**common["style"], "button_width": "auto"}})
-        return W.Dropdown(layout=W.Layout(width="auto"), **common)
+        return W.Dropdown(**common)
 
 
 def device_control(static: Sequence[str] = ("cpu",)) -> Control:
