@@ -196,7 +196,7 @@ def test_scrubber_drags_and_steps_through_every_frame(page, book, doc):
             page.mouse.down()
             x, end = box["x"] + 2, box["x"] + box["width"] + 10
             while x < end:
-                x += 3
+                x += 4
                 page.mouse.move(x, y)
             page.mouse.up()
             seen = page.evaluate("window.__ab_seen")
