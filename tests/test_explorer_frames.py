@@ -14,6 +14,7 @@ import warnings
 
 import pytest
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg as FigureCanvas
 
 from attnbook.explorers import efficient as ee
 from attnbook.explorers import gqa as gq
@@ -128,3 +129,19 @@ def test_minilm_frames(no_tensor_to_numpy):
     except (FileNotFoundError, ValueError) as err:
         pytest.skip(f"all-MiniLM-L6-v2 files not available: {err}")
     assert check_every_frame(minilm_explorer(model, tok, static_heads=(1, 6, 11)), no_tensor_to_numpy) >= 2
+
+
+@pytest.mark.parametrize("T", [4, 12])
+def test_plotting_heatmaps_count_whole_positions(T):
+    from matplotlib.figure import Figure
+
+    from attnbook.plotting import attention_heatmap, index_ticks
+
+    fig = Figure()
+    ax = attention_heatmap(torch.softmax(torch.randn(T, T), -1), fig.subplots(), annotate=False)
+    FigureCanvas(fig).draw()
+    for ticks in (ax.get_xticks(), ax.get_yticks()):
+        inside = [t for t in ticks if -0.5 <= t <= T - 0.5]
+        assert inside and all(float(t).is_integer() for t in inside), f"T = {T}: ticks {list(ticks)}"
+    with pytest.raises(ValueError, match="which"):
+        index_ticks(ax, "z")

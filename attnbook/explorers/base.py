@@ -225,7 +225,8 @@ class Control:
             # a row puts it beside them, as for every other control
             return W.ToggleButtons(layout=W.Layout(display="flex", flex_flow="row", align_items="center"),
                                    **{**common, "style": {**common["style"], "button_width": "auto"}})
-        return W.Dropdown(**common)
+        # as wide as its longest choice (a sentence), at most the output's width
+        return W.Dropdown(layout=W.Layout(width="max-content", max_width="100%"), **common)
 
 
 def device_control(static: Sequence[str] = ("cpu",)) -> Control:
