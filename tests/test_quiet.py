@@ -30,3 +30,33 @@ def test_dispatched_ops_silences_the_profiler_note_only():
 
     with pytest.warns(UserWarning, match="something else"):
         dispatched_ops(other)
+
+
+QUIET_IMPORT = r"""
+import os, sys, tempfile
+import torch
+torch.cuda._is_compiled = lambda: True  # a CUDA build of torch (Colab's), on a machine without a GPU
+torch.cuda.is_available = lambda: False
+torch.version.cuda = torch.version.cuda or "12.4"
+os.environ["CUDA_HOME"] = tempfile.mkdtemp()  # a CUDA toolkit
+if sys.argv[1] == "attnbook":
+    from attnbook.measure import torch_benchmark
+    benchmark = torch_benchmark()
+else:
+    from torch.utils import benchmark
+assert benchmark.Timer is not None
+"""
+
+
+@pytest.mark.parametrize("how", ["torch", "attnbook"])
+def test_torch_benchmark_imports_without_the_cuda_runtime_line(how):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", QUIET_IMPORT, how], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = out.stdout + out.stderr
+    if how == "torch":  # the line is there without attnbook: the test would see it
+        assert "No CUDA runtime is found" in said, said[-2000:]
+    else:
+        assert "No CUDA runtime is found" not in said and not said.strip(), said[-2000:]
