@@ -164,6 +164,11 @@ def _expected_frames(ex, slider):
 @pytest.mark.parametrize("doc", _explorer_pages())
 def test_scrubber_drags_and_steps_through_every_frame(page, book, doc):
     _open(page, book, doc)
+    check_scrubbers(page, doc)
+
+
+def check_scrubbers(page, doc):
+    """Every scrubber on ``page``: each slider stepped by the keyboard and dragged by the mouse."""
     explorers = page.locator(".attnbook-explorer")
     assert explorers.count() >= 1, f"{doc}: the stored explorer HTML is not rendered"
     for e in range(explorers.count()):
@@ -190,9 +195,12 @@ def test_scrubber_drags_and_steps_through_every_frame(page, book, doc):
             page.keyboard.press("Home")
             # the mouse: a steady drag from the first value to the last sees every frame once, in order
             slider.evaluate(_RECORD)
+            slider.scroll_into_view_if_needed()
             box = slider.bounding_box()
             y = box["y"] + box["height"] / 2
             page.mouse.move(box["x"] + 2, y)
+            hit = page.evaluate("([x, y]) => { const e = document.elementFromPoint(x, y);"
+                                " return e ? e.outerHTML.slice(0, 80) : 'nothing'; }", [box["x"] + 2, y])
             page.mouse.down()
             x, end = box["x"] + 2, box["x"] + box["width"] + 10
             while x < end:
@@ -202,7 +210,8 @@ def test_scrubber_drags_and_steps_through_every_frame(page, book, doc):
             seen = page.evaluate("window.__ab_seen")
             values = [v["value"] for i, v in enumerate(seen) if i == 0 or v["value"] != seen[i - 1]["value"]]
             assert values == list(range(len(expected)))[-len(values):] and values[-1] == len(expected) - 1, (
-                f"{doc} {name}: a drag from first to last went through values {values}")
+                f"{doc} {name}: a drag from first to last went through values {values} (range at {box}, "
+                f"the drag started on {hit})")
             assert all(v["frames"] == [expected[v["value"]]] for v in seen), f"{doc} {name}: wrong frames {seen}"
             assert all(v["label"] == labels[v["value"]] for v in seen), f"{doc} {name}: wrong labels"
             lefts = {v["left"] for v in seen} | {round(box["x"])}
