@@ -121,6 +121,11 @@ def test_page_loads_with_figures_and_no_errors(page, book, doc):
             "() => Array.from(document.querySelectorAll('.cell_output img'))"
             ".filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src.slice(0, 80))")
         assert not broken, f"{doc}: images that did not load: {broken}"
+        # figures and scrubber frames are shown at their own size or smaller, never blown up
+        stretched = page.evaluate(
+            "() => Array.from(document.querySelectorAll('.cell_output img')).filter(i => i.naturalWidth > 0"
+            " && i.getBoundingClientRect().width > 1.25 * i.naturalWidth).map(i => i.alt || i.src.slice(0, 60))")
+        assert not stretched, f"{doc}: images shown larger than 1.25x their size: {stretched}"
         # an explorer must show its scrubber, never an empty widget placeholder
         widgets_without_fallback = page.locator(".cell_output script[type='application/vnd.jupyter.widget-view+json']")
         assert widgets_without_fallback.count() == 0, f"{doc}: a dead widget view is rendered instead of the scrubber"
