@@ -21,12 +21,17 @@ Dimension legend: T sequence length (the size a cost curve runs over).
   several calls at several sizes, and the size from which one cost stays below another.
 * **Kernel dispatch** (:func:`dispatched_ops`): the ATen operators a call ran, e.g. which kernel
   ``F.scaled_dot_product_attention`` picked.
+* **Quiet** (:func:`torch_benchmark`): ``torch.utils.benchmark`` without the "No CUDA runtime is found" line a
+  CUDA build of torch says on a machine without a GPU; ``dispatched_ops`` likewise silences the profiler's
+  note that it "clears events at the end of each cycle" (newer torch). Only those messages.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import io
+import logging
 import math
 import os
 import platform
@@ -34,9 +39,11 @@ import resource
 import statistics
 import sys
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 import torch
@@ -59,6 +66,7 @@ __all__ = [
     "cost_curves",
     "crossover",
     "dispatched_ops",
+    "torch_benchmark",
 ]
 
 K = TypeVar("K", bound=Hashable)
@@ -423,6 +431,43 @@ def crossover(t_values: Sequence[float], cost: Sequence[float], ref_cost: Sequen
     return math.exp(t0 + (t1 - t0) * r0 / (r0 - r1))
 
 
+# ----------------------------------------------------------------------------- torch.utils.benchmark
+
+_NO_CUDA_RUNTIME = "No CUDA runtime is found"
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, start: str):
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.start)
+
+
+def torch_benchmark() -> ModuleType:
+    """``torch.utils.benchmark``, imported without the line "No CUDA runtime is found, using CUDA_HOME=..."
+    that a CUDA build of torch says on a machine with a CUDA toolkit but no GPU (Colab's CPU runtime):
+    ``benchmark`` imports ``torch.utils.cpp_extension``, which looks for the toolkit. torch 2.5 prints the
+    line to stderr, newer torch logs it as a warning; only that line is dropped, anything else passes."""
+    if "torch.utils.benchmark" in sys.modules:
+        return sys.modules["torch.utils.benchmark"]
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    drop = _DropMessage(_NO_CUDA_RUNTIME)
+    logger.addFilter(drop)
+    caught = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(caught):
+            import torch.utils.benchmark as benchmark
+    finally:
+        logger.removeFilter(drop)
+        rest = "".join(line for line in caught.getvalue().splitlines(keepends=True)
+                       if not line.startswith(_NO_CUDA_RUNTIME))
+        if rest:
+            sys.stderr.write(rest)
+    return benchmark
+
+
 # ----------------------------------------------------------------------------- kernel dispatch
 
 
@@ -450,8 +495,13 @@ def dispatched_ops(fn: Callable[[], object], prefix: str = "aten::") -> list[str
     names the kernel PyTorch chose, e.g. ``["aten::_scaled_dot_product_flash_attention_for_cpu"]``."""
     from torch.profiler import ProfilerActivity, profile
 
-    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
+    with _quiet_stderr(), warnings.catch_warnings():
+        # newer torch (2.11) warns once per process that the profiler "clears events at the end of each
+        # cycle": true, and beside the point for one run; only that message of that category is silenced
+        warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle",
+                                category=UserWarning)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
     names: list[str] = []
     for event in sorted(prof.events(), key=lambda e: e.time_range.start):
         if event.name.startswith(prefix) and event.name not in names:

@@ -10,11 +10,16 @@ figures the explorers render:
 * :func:`heads_mosaic`: H maps tiled into one image (one ``imshow`` instead of
   H axes: what the explorers draw, far faster to update);
 * :func:`log_bars`: horizontal bars on a log axis with a value label each,
-  whose lengths change (the explorers' time and memory bars).
+  whose lengths change (the explorers' time and memory bars);
+* :func:`index_ticks`: integer ticks only on an axis that counts positions (a heatmap's query and key
+  axes: token 2, never 2.5).
+
+Every helper hands matplotlib NumPy arrays (:func:`to_numpy`), never tensors.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,7 +33,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from matplotlib.text import Text
 
-__all__ = ["attention_heatmap", "heads_grid", "heads_mosaic", "log_bars", "LogBars", "to_numpy"]
+__all__ = ["attention_heatmap", "heads_grid", "heads_mosaic", "index_ticks", "log_bars", "LogBars", "to_numpy"]
 
 
 def to_numpy(x: Any) -> np.ndarray:
@@ -36,6 +41,20 @@ def to_numpy(x: Any) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         return x.detach().float().cpu().numpy()
     return np.asarray(x)
+
+
+def index_ticks(ax: Axes, which: str = "both") -> Axes:
+    """Ticks at whole numbers only on ``ax``'s x axis, y axis or ``"both"``: the axes of a heatmap count
+    token positions, and matplotlib's default ticks would read -0.5, 0.0, 0.5 at T = 4 or 2.5, 5.0 at
+    T = 12. Returns ``ax``."""
+    from matplotlib.ticker import MaxNLocator
+
+    if which not in ("x", "y", "both"):
+        raise ValueError(f"which must be 'x', 'y' or 'both', got {which!r}")
+    axes = [ax.xaxis, ax.yaxis] if which == "both" else [ax.xaxis if which == "x" else ax.yaxis]
+    for axis in axes:
+        axis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+    return ax
 
 
 def attention_heatmap(
@@ -63,6 +82,7 @@ def attention_heatmap(
         _, ax = plt.subplots(figsize=(0.5 * w.shape[1] + 1.5, 0.5 * w.shape[0] + 1))
     im = ax.imshow(w, cmap=cmap, vmin=0.0, vmax=vmax, aspect="auto")
     T, S = w.shape
+    index_ticks(ax)  # positions are whole numbers (token labels below replace them)
     if queries is not None:
         ax.set_yticks(range(T), labels=list(queries))
     if keys is not None:
@@ -132,11 +152,16 @@ class LogBars:
 
     def set(self, values: Sequence[float], labels: Sequence[str]) -> None:
         """Bar ``i`` ends at ``values[i]`` (at least just past ``lo``, so a log axis can show it), with
-        ``labels[i]`` written after it."""
+        ``labels[i]`` written after it, or inside its end (in white) when the bar reaches past 55% of the
+        axis: after it, the label would run out of the axes and the figure."""
         for bar, text, value, label in zip(self.bars, self.texts, values, labels):
             x = max(value, self.lo * 1.0001)
             bar.set_width(x - self.lo)
-            text.set_x(x * 1.15)
+            lo, hi = bar.axes.get_xlim() if bar.axes is not None else (self.lo, x * 10)
+            inside = math.log(x / lo) > 0.55 * math.log(hi / lo)
+            text.set_x(x / 1.15 if inside else x * 1.15)
+            text.set_horizontalalignment("right" if inside else "left")
+            text.set_color("white" if inside else "black")
             text.set_text(label)
 
     @property

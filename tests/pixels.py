@@ -76,3 +76,51 @@ def assert_blit_matches_full_render(explorer: Explorer, first: dict, second: dic
     limit = max(10, int(MAX_FROZEN_SHARE * changed_full.size))
     assert frozen <= limit, (f"{frozen} pixels change in a full render from {first} to {second} but not in "
                              f"the fast frame (limit {limit}): an artist is missing from build's artists")
+
+
+def _drawn_texts(fig: Figure) -> list:
+    """The non-empty, visible text artists a render of ``fig`` draws: titles, labels, annotations, legend
+    entries and the tick labels inside each axis' view (a tick outside it keeps a stale label that is never
+    drawn). An axes turned off (``ax.axis("off")``) draws no axis labels or ticks."""
+    from matplotlib.text import Text
+
+    axis_texts, shown = set(), []
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            axis_texts.update({id(axis.label), id(axis.offsetText)})
+            if ax.axison and axis.get_visible():
+                shown += [axis.label, axis.offsetText]
+            lo, hi = sorted(axis.get_view_interval())
+            span = (hi - lo) * 1e-9
+            for tick in [*axis.get_major_ticks(), *axis.get_minor_ticks()]:
+                axis_texts.update({id(tick.label1), id(tick.label2)})
+                if ax.axison and axis.get_visible() and lo - span <= tick.get_loc() <= hi + span:
+                    shown += [t for t in (tick.label1, tick.label2) if t.get_visible()]
+    for t in fig.findobj(Text):
+        ax = t.axes
+        if id(t) not in axis_texts and (ax is None or ax.get_visible()):
+            shown.append(t)
+    return [t for t in shown if t.get_visible() and t.get_text().strip()]
+
+
+def assert_texts_fit(fig: Figure, where: str = "") -> None:
+    """Every text the figure draws lies inside the figure, and no two texts overlap (a clipped title, a
+    subtitle over a head's name). Measured on the figure's renderer, in pixels, with 1 pixel of slack."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    renderer = canvas.get_renderer()
+    W, H = fig.bbox.width, fig.bbox.height
+    boxes = [(t, t.get_window_extent(renderer)) for t in _drawn_texts(fig)]
+    problems = []
+    for t, b in boxes:
+        if b.x0 < -1 or b.y0 < -1 or b.x1 > W + 1 or b.y1 > H + 1:
+            problems.append(f"{t.get_text()!r} at x {b.x0:.0f}..{b.x1:.0f}, y {b.y0:.0f}..{b.y1:.0f} extends "
+                            f"beyond the {W:.0f} x {H:.0f} figure")
+    for i, (t, a) in enumerate(boxes):
+        for u, b in boxes[i + 1:]:
+            dx = min(a.x1, b.x1) - max(a.x0, b.x0)
+            dy = min(a.y1, b.y1) - max(a.y0, b.y0)
+            if dx > 1 and dy > 1:
+                problems.append(f"{t.get_text()!r} overlaps {u.get_text()!r} ({dx:.0f} x {dy:.0f} px)")
+    assert not problems, f"{where}: " + "; ".join(problems[:8])

@@ -1,7 +1,8 @@
 """The rendered book in a real browser: headless Chromium (Debian's), driven by playwright.
 
-Every chapter page loads, shows its figures and no error output; the explorers'
-static scrubbers respond to the keyboard (the frame and its label change).
+Every chapter page loads, shows its figures and no error output, and logs no error at all (a page error or
+an error on the console fails it); each explorer's static scrubber, dragged by the mouse from its first value
+to its last, shows every frame in order while the slider stays put, and the arrow keys step through them.
 Screenshots go to _build/screenshots/ for review. Requests that leave 127.0.0.1
 (CDN scripts) are blocked so that nothing here depends on the network.
 Skips when Chromium or playwright is missing, except under CI=true, where it fails.
@@ -9,6 +10,7 @@ Skips when Chromium or playwright is missing, except under CI=true, where it fai
 
 import functools
 import http.server
+import json
 import os
 import shutil
 import threading
@@ -81,14 +83,17 @@ def page(browser, book):
 
     pg.route("**/*", only_local)
     errors = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
 
-    def on_error(exc):
-        # Jupyter Book 1.0.x writes sphinx-thebe's config script twice on every page; the second
-        # `const THEBE_JS_URL` throws. Upstream, harmless here (no thebe), so it is the one we ignore.
-        if "THEBE_JS_URL" not in str(exc):
-            errors.append(str(exc))
+    def on_console(msg):
+        # any error the page logs fails the test (thebe's "THEBE_JS_URL has already been declared", the theme's
+        # "Got invalid theme mode", ...), except a failed load of a request blocked above (a CDN script)
+        if msg.type == "error":
+            url = (msg.location or {}).get("url", "")
+            if not ("Failed to load resource" in msg.text and not url.startswith(book)):
+                errors.append(f"console: {msg.text}")
 
-    pg.on("pageerror", on_error)
+    pg.on("console", on_console)
     pg.js_errors = errors
     yield pg
     ctx.close()
@@ -116,6 +121,11 @@ def test_page_loads_with_figures_and_no_errors(page, book, doc):
             "() => Array.from(document.querySelectorAll('.cell_output img'))"
             ".filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src.slice(0, 80))")
         assert not broken, f"{doc}: images that did not load: {broken}"
+        # figures and scrubber frames are shown at their own size or smaller, never blown up
+        stretched = page.evaluate(
+            "() => Array.from(document.querySelectorAll('.cell_output img')).filter(i => i.naturalWidth > 0"
+            " && i.getBoundingClientRect().width > 1.25 * i.naturalWidth).map(i => i.alt || i.src.slice(0, 60))")
+        assert not stretched, f"{doc}: images shown larger than 1.25x their size: {stretched}"
         # an explorer must show its scrubber, never an empty widget placeholder
         widgets_without_fallback = page.locator(".cell_output script[type='application/vnd.jupyter.widget-view+json']")
         assert widgets_without_fallback.count() == 0, f"{doc}: a dead widget view is rendered instead of the scrubber"
@@ -135,29 +145,82 @@ def test_chapter_2_has_an_explorer():
     assert ch2 in _explorer_pages(), "chapter 2 must show the saturation explorer"
 
 
+_STATE = """ex => Array.from(ex.querySelectorAll('.ab-frame'))
+    .filter(f => getComputedStyle(f).display !== 'none').map(f => Number(f.dataset.i))"""
+
+_RECORD = """(input) => { window.__ab_seen = [];
+    input.addEventListener('input', () => { const ex = input.closest('.attnbook-explorer');
+        window.__ab_seen.push({value: Number(input.value), left: Math.round(input.getBoundingClientRect().left),
+            label: input.parentNode.querySelector('.ab-value').textContent,
+            frames: Array.from(ex.querySelectorAll('.ab-frame')).filter(f => getComputedStyle(f).display !== 'none')
+                .map(f => Number(f.dataset.i))}); }); }"""
+
+
+def _expected_frames(ex, slider):
+    """The frame each value of ``slider`` shows, with the other sliders where they are."""
+    base = ex.locator("input.ab-range").evaluate_all(
+        "rs => rs.reduce((s, r) => s + Number(r.value) * Number(r.dataset.stride), 0)")
+    value, stride, top = (int(slider.get_attribute(a) if a != "value" else slider.input_value())
+                          for a in ("value", "data-stride", "max"))
+    base -= value * stride
+    return [base + k * stride for k in range(top + 1)]
+
+
 @pytest.mark.parametrize("doc", _explorer_pages())
-def test_scrubber_moves_frame_and_label(page, book, doc):
+def test_scrubber_drags_and_steps_through_every_frame(page, book, doc):
     _open(page, book, doc)
+    check_scrubbers(page, doc)
+
+
+def check_scrubbers(page, doc):
+    """Every scrubber on ``page``: each slider stepped by the keyboard and dragged by the mouse."""
     explorers = page.locator(".attnbook-explorer")
     assert explorers.count() >= 1, f"{doc}: the stored explorer HTML is not rendered"
-    ex = explorers.first
-    ex.scroll_into_view_if_needed()
-    slider = ex.locator("input.ab-range").first
-    label = slider.locator("xpath=..").locator(".ab-value")
-
-    def visible_frames():
-        return ex.locator(".ab-frame").evaluate_all(
-            "fs => fs.filter(f => getComputedStyle(f).display !== 'none').map(f => f.dataset.i)")
-
-    before_frames, before_label = visible_frames(), label.inner_text()
-    assert len(before_frames) == 1, f"{doc}: {len(before_frames)} frames visible at once"
-    slider.focus()
-    key = "ArrowLeft" if slider.input_value() == slider.get_attribute("max") else "ArrowRight"
-    page.keyboard.press(key)
-    after_frames, after_label = visible_frames(), label.inner_text()
-    assert len(after_frames) == 1 and after_frames != before_frames, f"{doc}: the frame did not change"
-    assert after_label != before_label, f"{doc}: the label stayed {before_label!r}"
-    img = ex.locator(f'.ab-frame[data-i="{after_frames[0]}"] img')
-    assert img.evaluate("i => i.complete && i.naturalWidth > 0"), f"{doc}: the new frame's image did not load"
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    ex.screenshot(path=str(SHOTS / f"{doc.replace('/', '_')}_explorer.png"))
+    for e in range(explorers.count()):
+        ex = explorers.nth(e)
+        ex.scroll_into_view_if_needed()
+        assert len(ex.evaluate(_STATE)) == 1, f"{doc}: not exactly one frame visible"
+        sliders = ex.locator("input.ab-range")
+        for s in range(sliders.count()):
+            slider = sliders.nth(s)
+            name = slider.get_attribute("data-name")
+            labels = json.loads(slider.get_attribute("data-labels"))
+            expected = _expected_frames(ex, slider)
+            # the keyboard: Home, then ArrowRight through every value, each showing its frame and label
+            slider.focus()
+            page.keyboard.press("Home")
+            for k in range(len(expected)):
+                if k:
+                    page.keyboard.press("ArrowRight")
+                assert ex.evaluate(_STATE) == [expected[k]], f"{doc} {name}: key step {k} shows the wrong frame"
+                value = slider.locator("xpath=..").locator(".ab-value").inner_text()
+                assert value == labels[k], f"{doc} {name}: label {value!r} at step {k}, not {labels[k]!r}"
+                img = ex.locator(f'.ab-frame[data-i="{expected[k]}"] img')
+                assert img.evaluate("i => i.complete && i.naturalWidth > 0"), f"{doc} {name}: frame {k} not loaded"
+            page.keyboard.press("Home")
+            # the mouse: a steady drag from the first value to the last sees every frame once, in order
+            slider.evaluate(_RECORD)
+            slider.scroll_into_view_if_needed()
+            box = slider.bounding_box()
+            y = box["y"] + box["height"] / 2
+            page.mouse.move(box["x"] + 2, y)
+            hit = page.evaluate("([x, y]) => { const e = document.elementFromPoint(x, y);"
+                                " return e ? e.outerHTML.slice(0, 80) : 'nothing'; }", [box["x"] + 2, y])
+            page.mouse.down()
+            x, end = box["x"] + 2, box["x"] + box["width"] + 10
+            while x < end:
+                x += 4
+                page.mouse.move(x, y)
+            page.mouse.up()
+            seen = page.evaluate("window.__ab_seen")
+            values = [v["value"] for i, v in enumerate(seen) if i == 0 or v["value"] != seen[i - 1]["value"]]
+            assert values == list(range(len(expected)))[-len(values):] and values[-1] == len(expected) - 1, (
+                f"{doc} {name}: a drag from first to last went through values {values} (range at {box}, "
+                f"the drag started on {hit})")
+            assert all(v["frames"] == [expected[v["value"]]] for v in seen), f"{doc} {name}: wrong frames {seen}"
+            assert all(v["label"] == labels[v["value"]] for v in seen), f"{doc} {name}: wrong labels"
+            lefts = {v["left"] for v in seen} | {round(box["x"])}
+            assert len(lefts) == 1, f"{doc} {name}: the slider moved sideways while dragged: left edge at {lefts}"
+            slider.evaluate("r => { r.value = 0; r.dispatchEvent(new Event('input')); }")  # back to the start
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        ex.screenshot(path=str(SHOTS / f"{doc.replace('/', '_')}_explorer{e}.png"))

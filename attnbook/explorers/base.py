@@ -72,9 +72,14 @@ __all__ = [
     "device_control",
     "in_colab",
     "WIDGET_VIEW_MIME",
+    "LIVE_SCALE",
 ]
 
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
+# The live widget's image has LIVE_SCALE device pixels per CSS pixel (sharp on a high-density screen) and is
+# shown at the figure's own size in CSS pixels (inches x its dpi), at most the output's width. The book's
+# scrubber frames stay at the figure's dpi: twice the pixels would double the chapters' size.
+LIVE_SCALE = 2
 
 
 def in_colab() -> bool:
@@ -96,6 +101,12 @@ def figure_png(fig: Figure, dpi: float | None = None) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi or fig.dpi)
     return buf.getvalue()
+
+
+def _css_size(fig: Figure, dpi: float) -> tuple[int, int]:
+    """The figure's size in CSS pixels at ``dpi`` dots per inch (its own dpi before a live scale-up)."""
+    w, h = fig.get_size_inches()
+    return round(w * dpi), round(h * dpi)
 
 
 class FastFigure:
@@ -203,12 +214,19 @@ class Control:
         import ipywidgets as W
 
         options = [(self.fmt(v), v) for v in self.values]
+        # "initial": the description takes the room its text needs (the default cuts it at about 80 px)
+        common = dict(options=options, value=self.default, description=self.label,
+                      style={"description_width": "initial"})
         if self.kind == "slider":
-            return W.SelectionSlider(options=options, value=self.default, description=self.label,
-                                     continuous_update=False)
+            return W.SelectionSlider(continuous_update=False, layout=W.Layout(width="auto", max_width="40em"),
+                                     **common)
         if self.kind == "toggle":
-            return W.ToggleButtons(options=options, value=self.default, description=self.label)
-        return W.Dropdown(options=options, value=self.default, description=self.label)
+            # ipywidgets 8 puts ToggleButtons' description above its buttons (a block, not an inline box):
+            # a row puts it beside them, as for every other control
+            return W.ToggleButtons(layout=W.Layout(display="flex", flex_flow="row", align_items="center"),
+                                   **{**common, "style": {**common["style"], "button_width": "auto"}})
+        # as wide as its longest choice (a sentence), at most the output's width
+        return W.Dropdown(layout=W.Layout(width="max-content", max_width="100%"), **common)
 
 
 def device_control(static: Sequence[str] = ("cpu",)) -> Control:
@@ -298,18 +316,28 @@ class Explorer:
                 raise ValueError(f"{c.label}={value!r} is not one of {c.values!r}")
         self.values = {**self.values, **changes}
         self.data = self.compute(**self.values)
-        self.figure = self._picture(self.data)
-        if self._widget is not None and self._refresh:
+        live = self._widget is not None and self._refresh
+        self.figure = self._picture(self.data, LIVE_SCALE if live else 1)
+        if live:
             self._refresh_widget()
         return self.data
 
-    def _picture(self, data: dict) -> Figure:
+    def _picture(self, data: dict, scale: int = 1) -> Figure:
+        """The figure for ``data``, at ``scale`` times its own dpi (the live widget's is sharper than the
+        scrubber's frames; one figure is kept per layout and scale)."""
         if self.draw is not None:
-            return self.draw(data)
+            fig = self.draw(data)
+            fig._attnbook_css_px = _css_size(fig, fig.dpi)  # type: ignore[attr-defined]
+            if scale != 1:
+                fig.set_dpi(fig.dpi * scale)
+            return fig
         assert self.build is not None and self.redraw is not None
-        key = self.layout(data) if self.layout is not None else None
+        key = (self.layout(data) if self.layout is not None else None, scale)
         if key not in self._figures:
             fig, artists = self.build(data)
+            fig._attnbook_css_px = _css_size(fig, fig.dpi)  # type: ignore[attr-defined]
+            if scale != 1:
+                fig.set_dpi(fig.dpi * scale)
             FastFigure(fig, _dynamic_artists(artists))
             self._figures[key] = fig, artists
         fig, artists = self._figures[key]
@@ -328,13 +356,15 @@ class Explorer:
             import ipywidgets as W
 
             self._controls_w = {c.name: c.make_widget() for c in self.controls}
-            self._image_w = W.Image(format="png")
+            # shown at the figure's size (set by _refresh_widget), never stretched to the output's width
+            self._image_w = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto",
+                                                                  align_self="flex-start"))
             self._caption_w = W.HTML()
             for name, w in self._controls_w.items():
                 w.observe(self._on_change(name), names="value")
             title = W.HTML(f"<b>{html.escape(self.title)}</b>")
             self._widget = W.VBox([title, *self._controls_w.values(), self._image_w, self._caption_w])
-            self._refresh_widget()
+            self.update()  # the figure again, at the live scale
         return self._widget
 
     @property
@@ -355,6 +385,9 @@ class Explorer:
         for name, w in self._controls_w.items():
             if w.value != self.values[name]:
                 w.value = self.values[name]
+        width, _ = getattr(self.figure, "_attnbook_css_px", _css_size(self.figure, self.figure.dpi / LIVE_SCALE))
+        if self._image_w.layout.width != f"{width}px":
+            self._image_w.layout.width = f"{width}px"
         self._image_w.value = figure_png(self.figure)
         self._caption_w.value = html.escape(self.caption_text())
 
@@ -392,11 +425,13 @@ class Explorer:
         digest = hashlib.sha1(b"".join(png for _, png, _ in frames)).hexdigest()[:10]
         script = esc(tpl["script"].substitute())
         parts = [tpl["open"].substitute(digest=digest, title=esc(self.title))]
+        labelwidth = max((len(str(c.label)) for c in moving), default=0) + 1
         for c in moving:
             labels = [c.fmt(v) for v in c.static_values]
             idx = c.static_values.index(self.values[c.name]) if self.values[c.name] in c.static_values else 0
             parts.append(tpl["control"].substitute(
-                label=esc(str(c.label)), value=esc(labels[idx]), max=len(labels) - 1, index=idx,
+                label=esc(str(c.label)), labelwidth=labelwidth, valuewidth=max(map(len, labels)) + 1,
+                value=esc(labels[idx]), max=len(labels) - 1, index=idx,
                 name=esc(c.name), stride=strides[c.name], labels=esc(json.dumps(labels)), script=script))
         fixed = [c for c in self.controls if len(c.static_values) == 1]
         if fixed:

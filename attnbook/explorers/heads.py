@@ -88,20 +88,31 @@ def heads_explorer(d_model: int = 32, sentences: list[str] | None = None, seed: 
     def build(d: dict) -> tuple[Figure, dict[str, Any]]:
         H, T = layout(d)
         n = ncols(H)
-        fig = Figure(figsize=(min(1.3 * n + 1.2, 11), 1.3 * (-(-H // n)) + 0.9), dpi=72)
-        fig.subplots_adjust(left=0.02, right=0.98, top=0.8, bottom=0.03)
-        ax = fig.subplots()
-        image = ax.imshow(heads_mosaic(d["weights"], n), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+        nrows = -(-H // n)
+        # fixed inches per attention cell, so a tile keeps its size whatever the head count (one head is one
+        # small map, not one giant one); at least 3.6 inches wide, the width the two-line title needs
+        cell = 0.13
+        rows, cols = nrows * (T + 1) - 1, n * (T + 1) - 1  # the mosaic's size in cells
+        side, bottom, top = 0.1, 0.08, 0.72  # inches: margins, and above the tiles the title and head names
+        width = max(cols * cell + 2 * side, 3.6)
+        height = rows * cell + bottom + top
+        fig = Figure(figsize=(width, height), dpi=72)
+        ax = fig.add_axes(((width - cols * cell) / 2 / width, bottom / height, cols * cell / width,
+                           rows * cell / height))
+        image = ax.imshow(heads_mosaic(d["weights"], n).numpy(), cmap="viridis", vmin=0, vmax=1,
+                          interpolation="nearest", aspect="auto")
+        ax.set_xlim(-0.5, cols - 0.5)
+        ax.set_ylim(rows - 0.5, -0.5)
         for h in range(H):
             r, c = divmod(h, n)
-            ax.text(c * (T + 1), r * (T + 1) - 0.7, f"head {h}", fontsize=7, va="bottom")
+            ax.text(c * (T + 1) - 0.5, r * (T + 1) - 0.7, f"head {h}", fontsize=7, va="bottom")
         ax.axis("off")
-        fig.suptitle(f"{H} head{'s' if H > 1 else ''} of d_k = {d['head_dim']}\n"
-                     "(each map: queries down, keys across)", fontsize=9)
+        fig.text(0.5, 1 - 0.06 / height, f"{H} head{'s' if H > 1 else ''} of d_k = {d['head_dim']}\n"
+                 "(each map: queries down, keys across)", fontsize=9, ha="center", va="top")
         return fig, {"image": image}
 
     def redraw(d: dict, art: dict[str, Any]) -> None:
-        art["image"].set_data(heads_mosaic(d["weights"], ncols(d["num_heads"])))  # one image for all heads
+        art["image"].set_data(heads_mosaic(d["weights"], ncols(d["num_heads"])).numpy())  # one image for all heads
 
     def caption(d: dict) -> str:
         return (f"{d['num_heads']} heads × d_k = {d['head_dim']} = d_model {d_model}; parameters: {d['params']:,} "

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from ..core import scaled_dot_product_attention
 from ..masks import causal_mask, combine_masks, padding_mask, sliding_window_mask
+from ..plotting import index_ticks
 from .base import Control, Explorer, device_control
 
 __all__ = ["masks_explorer", "mask_explorer", "build_mask", "MASK_KINDS"]
@@ -71,6 +72,7 @@ def masks_explorer(seed: int = 0, d_model: int = 16) -> Explorer:
         for ax in (a1, a2):
             ax.set_xlabel("key j")
             ax.set_ylabel("query i")
+            index_ticks(ax)  # positions are whole numbers
         title = fig.suptitle(" ", fontsize=11)
         return fig, {"mask": im1, "weights": im2, "title": title}
 

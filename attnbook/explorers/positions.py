@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
+from ..plotting import index_ticks
 from ..positional import alibi_bias, apply_rotary, sinusoidal_encoding
 from .base import Control, Explorer, device_control
 
@@ -68,6 +69,8 @@ def positions_explorer(T: int = 32, seed: int = 0) -> Explorer:
         a2.set_xlabel("position j (offset + column)")
         a2.set_ylabel("position i (offset + row)")
         a2.set_title("position-to-position", fontsize=10)
+        index_ticks(a1)  # features, heads and positions are whole numbers
+        index_ticks(a2)
         t1 = a1.set_title(" ", fontsize=10)
         title = fig.suptitle(" ", fontsize=11)
         return fig, {"encoding": im1, "similarity": im2, "t1": t1, "title": title}

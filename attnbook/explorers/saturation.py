@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
+from ..plotting import index_ticks
 from .base import Control, Explorer, device_control
 
 __all__ = ["saturation_explorer", "softmax_stats", "DK_VALUES"]
@@ -103,6 +104,7 @@ def saturation_explorer(seed: int = 0) -> Explorer:
         bars = a2.bar(range(d["T"]), [0.0] * d["T"], color="tab:orange")
         a2.set_ylim(0, 1)
         a2.set_xlabel("key")
+        index_ticks(a2, "x")  # keys are whole numbers
         c = d["curves"]
         for name, style in (("unscaled", "--"), ("scaled", "-")):
             a3.plot(c["d_k"], c[name]["entropy"], style, marker=".", label=name)

@@ -1,0 +1,147 @@
+"""Every static frame of every explorer, as the book stores it, checked for what a reader would see wrong:
+a text cut off at the figure's edge or lying over another text (tests/pixels.py's ``assert_texts_fit``),
+a tensor handed to matplotlib instead of a NumPy array (NumPy's deprecation of ``__array__`` without a copy
+keyword under older torch), and any warning while the frames render.
+
+The explorers are built as their chapters build them, with deterministic stand-ins for what the chapters
+measure (timings) or train (the toy models are untrained here: the layout does not depend on the weights).
+MiniLM's needs the model files and is marked slow.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg as FigureCanvas
+
+from attnbook.explorers import efficient as ee
+from attnbook.explorers import gqa as gq
+from attnbook.explorers import heads, masks, positions, saturation
+from attnbook.explorers.base import Explorer
+from tests.pixels import assert_texts_fit
+
+
+def _gqa_measurements() -> dict:
+    out = {}
+    for H in gq.HEADS:
+        for S in gq.SEQ_LENS:
+            for hkv in gq.valid_kv_heads(H):
+                out[gq.decode_key(H, hkv, S // gq.BENCH_DIVISOR, "cpu")] = 1e-6 * hkv * S
+    return out
+
+
+def _efficient_costs() -> dict:
+    costs = {}
+    for n, name in enumerate(ee.VARIANTS + ("pytorch",)):
+        for T in (256, 1024, 4096):
+            costs[ee.cost_key(name, T, 64)] = {"time_s": 1e-5 * (n + 1) * T, "peak_bytes": 2000 * (n + 1) * T}
+    return costs
+
+
+def _trained_heads() -> Explorer:
+    from attnbook.explorers.trained_heads import trained_heads_explorer
+    from attnbook.tasks import Seq2SeqTransformer, addition_task, copy_task, reverse_task
+
+    tasks = {"copy": copy_task(length=10), "reverse": reverse_task(length=10), "addition": addition_task(num_digits=3)}
+    models = {}
+    for name, task in tasks.items():
+        torch.manual_seed(0)
+        models[name] = (Seq2SeqTransformer(task.vocab, d_model=64, num_heads=4, num_encoder_layers=1,
+                                           num_decoder_layers=1, dim_feedforward=64).eval(), task)
+    examples = {"copy": ["3141592653", "0123456789", "7777733333"],
+                "reverse": ["3141592653", "0123456789", "7777733333"],
+                "addition": ["123+456", "999+001", "505+495"]}
+    return trained_heads_explorer(models, examples)
+
+
+EXPLORERS = {  # as chapters 2, 3, 4, 5, 7, 8 and 9 build them
+    "saturation": saturation.saturation_explorer,
+    "heads": heads.heads_explorer,
+    "masks": masks.masks_explorer,
+    "positions": positions.positions_explorer,
+    "trained_heads": _trained_heads,
+    "efficient": lambda: ee.efficient_explorer(_efficient_costs()),
+    "gqa": lambda: gq.gqa_explorer(_gqa_measurements(), static_heads=(8, 32), static_seq=(4096, 32768)),
+}
+
+
+@pytest.fixture
+def no_tensor_to_numpy(monkeypatch):
+    """Fail on any ``numpy.asarray(tensor)``: matplotlib must be handed arrays (``tensor.numpy()``)."""
+    calls = []
+
+    def refuse(self, *args, **kwargs):
+        import traceback
+
+        calls.append("".join(traceback.format_stack(limit=6)[:-1]))
+        return self.detach().cpu().numpy()
+
+    monkeypatch.setattr(torch.Tensor, "__array__", refuse)
+    return calls
+
+
+def check_every_frame(explorer: Explorer, calls: list) -> int:
+    n = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for values, png, _ in explorer.frames():
+            assert png[:8] == b"\x89PNG\r\n\x1a\n"
+            assert_texts_fit(explorer.figure, f"{explorer.title} {values}")
+            n += 1
+    assert not calls, f"{explorer.title}: a tensor was handed to NumPy/matplotlib:\n{calls[0]}"
+    return n
+
+
+@pytest.mark.parametrize("name", list(EXPLORERS))
+def test_every_static_frame_shows_its_texts_whole_and_apart(name, no_tensor_to_numpy):
+    assert check_every_frame(EXPLORERS[name](), no_tensor_to_numpy) >= 2
+
+
+@pytest.mark.parametrize("num_heads", [1, 2, 4, 8, 16, 32])
+def test_every_head_count_fits(num_heads):
+    """The heads explorer's scrubber shows 1 to 32 heads; the live one the same: every layout's texts fit."""
+    ex = heads.heads_explorer()
+    ex.update(num_heads=num_heads)
+    assert_texts_fit(ex.figure, f"{num_heads} heads")
+    w, h = ex.figure.get_size_inches()
+    assert 3.5 <= w <= 12 and h <= 7, f"{num_heads} heads: a {w:.1f} x {h:.1f} inch figure"
+
+
+@pytest.mark.parametrize("T", [4, 6, 8, 12, 16])
+def test_mask_axes_count_whole_positions(T):
+    ex = masks.masks_explorer()
+    ex.update(T=T)
+    for ax in ex.figure.axes:
+        for ticks in (ax.get_xticks(), ax.get_yticks()):
+            inside = [t for t in ticks if -0.5 <= t <= T - 0.5]
+            assert inside and all(float(t).is_integer() for t in inside), f"T = {T}: ticks {list(ticks)}"
+
+
+@pytest.mark.slow
+def test_minilm_frames(no_tensor_to_numpy):
+    from attnbook import pretrained as P
+    from attnbook.explorers.minilm import minilm_explorer
+
+    try:
+        model, tok = P.load_minilm(P.locate_files())
+    except (FileNotFoundError, ValueError) as err:
+        pytest.skip(f"all-MiniLM-L6-v2 files not available: {err}")
+    assert check_every_frame(minilm_explorer(model, tok, static_heads=(1, 6, 11)), no_tensor_to_numpy) >= 2
+
+
+@pytest.mark.parametrize("T", [4, 12])
+def test_plotting_heatmaps_count_whole_positions(T):
+    from matplotlib.figure import Figure
+
+    from attnbook.plotting import attention_heatmap, index_ticks
+
+    fig = Figure()
+    ax = attention_heatmap(torch.softmax(torch.randn(T, T), -1), fig.subplots(), annotate=False)
+    FigureCanvas(fig).draw()
+    for ticks in (ax.get_xticks(), ax.get_yticks()):
+        inside = [t for t in ticks if -0.5 <= t <= T - 0.5]
+        assert inside and all(float(t).is_integer() for t in inside), f"T = {T}: ticks {list(ticks)}"
+    with pytest.raises(ValueError, match="which"):
+        index_ticks(ax, "z")

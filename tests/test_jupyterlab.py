@@ -1,0 +1,223 @@
+"""The live explorers as a learner uses them: JupyterLab 4 with ipywidgets 8, in headless Chromium.
+
+The test starts its own JupyterLab server on 127.0.0.1 (a free port, a token, a temporary folder holding
+one notebook), opens the notebook, runs its explorer cells and checks what the reader sees:
+
+* every control shows its whole description, beside its control (not cut to "sequence ...", not above);
+* each figure is shown at its own size (at most the output's width), never stretched: the displayed width
+  is at most 1.25 times the figure's size in CSS pixels, and the image has at least 1.9 device pixels per
+  CSS pixel (sharp on a high-density screen);
+* moving a control (a slider by the keyboard, a toggle button by a click, a dropdown) changes the image.
+
+Screenshots go to _build/screenshots/. Skips when JupyterLab, Chromium or playwright is missing, except
+under CI=true, where it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, ROOT, SHOTS, _unavailable
+
+pytestmark = pytest.mark.browser
+
+TOKEN = "attnbook-test-token"
+CELLS = [
+    "import attnbook.widgets\nsaturation = attnbook.widgets.saturation_explorer()\nsaturation",
+    "heads = attnbook.widgets.heads_explorer()\nheads.update(num_heads=1)\nheads",
+    "masks = attnbook.widgets.masks_explorer()\nmasks",
+]
+
+
+def _notebook(path: Path) -> None:
+    cells = [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [],
+              "source": src} for i, src in enumerate(CELLS)]
+    nb = {"cells": cells, "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python",
+                                                      "name": "python3"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    path.write_text(json.dumps(nb), encoding="utf-8")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    if not Path(CHROMIUM).exists():
+        _unavailable(f"Chromium not found at {CHROMIUM}: apt-get install -y chromium, or set ATTNBOOK_CHROMIUM")
+    try:
+        import jupyterlab  # noqa: F401
+        import playwright.sync_api  # noqa: F401
+    except ImportError as err:
+        _unavailable(f"{err.name} is not installed (requirements.txt pins it)")
+    home = tmp_path_factory.mktemp("lab")
+    _notebook(home / "explorers.ipynb")
+    settings = home / ".settings"
+    for plugin, values in {"notebook-extension/tracker": {"autoStartDefaultKernel": True},
+                           "apputils-extension/notification": {"fetchNews": "false"}}.items():
+        folder, name = plugin.split("/")
+        (settings / "@jupyterlab" / folder).mkdir(parents=True, exist_ok=True)
+        (settings / "@jupyterlab" / folder / f"{name}.jupyterlab-settings").write_text(json.dumps(values))
+    port = _free_port()
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / ".config"), "JUPYTER_RUNTIME_DIR": str(home / ".run"),
+           "JUPYTERLAB_SETTINGS_DIR": str(settings),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+           "--ServerApp.port_retries=0", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={home}",
+           f"--LabApp.workspaces_dir={home / '.workspaces'}", "--LabApp.news_url=None",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")
+    log = open(home / "server.log", "wb")  # noqa: SIM115 (closed below)
+    server = subprocess.Popen(cmd, cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=2):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"JupyterLab did not start: {(home / 'server.log').read_text()[-2000:]}")
+                time.sleep(0.5)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def notebook(lab):
+    """The notebook open in JupyterLab with every explorer cell run (one browser page for all checks)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        ctx = browser.new_context(viewport={"width": 1280, "height": 900}, device_scale_factor=1)
+        page = ctx.new_page()
+        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(lab) else route.abort())
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{lab}/lab/tree/explorers.ipynb?token={TOKEN}", wait_until="load")
+        page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+        select = page.locator(".jp-Dialog button", has_text="Select")
+        if select.count():  # the kernel dialog, should the setting above not take
+            select.first.click()
+        images = page.locator(".jp-OutputArea-output .widget-image")
+        deadline = time.monotonic() + 90
+        for i in range(len(CELLS)):  # one cell at a time: Shift+Enter again while a cell has not started
+            cell = page.locator(".jp-Notebook .jp-Cell").nth(i)
+            cell.locator(".jp-InputPrompt").click()
+            page.keyboard.press("Escape")
+            page.keyboard.press("Shift+Enter")
+            started = time.monotonic()
+            while images.count() <= i or not _loaded(images.nth(i)):
+                if time.monotonic() > deadline:
+                    break
+                if "[ ]" in cell.locator(".jp-InputPrompt").inner_text() and time.monotonic() - started > 5:
+                    cell.locator(".jp-InputPrompt").click()
+                    page.keyboard.press("Shift+Enter")
+                    started = time.monotonic()
+                page.wait_for_timeout(250)
+        while images.count() < len(CELLS) or not all(_loaded(images.nth(i)) for i in range(len(CELLS))):
+            if time.monotonic() > deadline:
+                SHOTS.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(SHOTS / "jupyterlab_failed.png"))
+                outputs = page.locator(".jp-OutputArea-output").all_inner_texts()
+                pytest.fail(f"{images.count()} of {len(CELLS)} explorers appeared; outputs: {outputs}; "
+                            f"page errors: {errors}")
+            page.wait_for_timeout(250)
+        page.page_errors = errors
+        yield page
+        ctx.close()
+        browser.close()
+
+
+def _loaded(img) -> bool:
+    return bool(img.evaluate("i => i.complete && i.naturalWidth > 0"))
+
+
+def _explorer(page, i):
+    return page.locator(".jp-Cell").nth(i).locator(".jp-OutputArea-output .widget-vbox").first
+
+
+def _shot(page, i, name):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    _explorer(page, i).screenshot(path=str(SHOTS / f"jupyterlab_{name}.png"))
+
+
+@pytest.mark.parametrize("i, name", list(enumerate(["saturation", "heads_1", "masks"])))
+def test_figure_is_shown_at_its_own_size_and_sharp(notebook, i, name):
+    box = _explorer(notebook, i)
+    box.scroll_into_view_if_needed()
+    img = box.locator(".widget-image")
+    size = img.evaluate("i => ({natural: i.naturalWidth, shown: i.getBoundingClientRect().width,"
+                        " room: i.closest('.jp-OutputArea-output').getBoundingClientRect().width})")
+    _shot(notebook, i, name)
+    assert size["shown"] <= size["room"] + 1, f"{name}: {size}: wider than the output"
+    assert size["natural"] >= 1.9 * size["shown"], f"{name}: {size}: fewer than 2 image pixels per CSS pixel"
+    assert size["shown"] <= 1.25 * size["natural"] / 2, f"{name}: {size}: stretched beyond its own size"
+    assert size["shown"] < 0.95 * size["room"] or name == "saturation", f"{name}: {size}: fills the output"
+    assert not notebook.page_errors, notebook.page_errors
+
+
+def test_every_control_description_shows_whole_beside_its_control(notebook):
+    for i in range(len(CELLS)):
+        box = _explorer(notebook, i)
+        labels = box.locator(".widget-label, .widget-label-basic").evaluate_all(
+            "ls => ls.filter(l => l.textContent.trim()).map(l => {const r = l.getBoundingClientRect();"
+            " const c = l.nextElementSibling && l.nextElementSibling.getBoundingClientRect();"
+            " return {text: l.textContent, cut: l.scrollWidth > l.clientWidth + 1,"
+            " beside: !c || (c.left >= r.right - 1 && c.top < r.bottom && r.top < c.bottom)}})")
+        assert labels, f"explorer {i}: no control descriptions found"
+        for label in labels:
+            assert not label["cut"], f"explorer {i}: {label['text']!r} is cut off"
+            assert label["beside"], f"explorer {i}: {label['text']!r} is not beside its control"
+
+
+def _src(page, i):
+    return _explorer(page, i).locator(".widget-image").get_attribute("src")
+
+
+def _wait_change(page, i, before, what):
+    deadline = time.monotonic() + 15
+    while _src(page, i) == before:
+        assert time.monotonic() < deadline, f"explorer {i}: the image did not change after {what}"
+        page.wait_for_timeout(100)
+
+
+def test_moving_a_control_changes_the_image(notebook):
+    page = notebook
+    # the saturation explorer: the d_k slider by the keyboard, then the scaling toggle by a click
+    before = _src(page, 0)
+    handle = _explorer(page, 0).locator(".widget-slider .noUi-handle, .widget-slider .ui-slider-handle").first
+    handle.focus()
+    page.keyboard.press("ArrowRight")
+    _wait_change(page, 0, before, "a slider step")
+    before = _src(page, 0)
+    _explorer(page, 0).locator(".widget-toggle-button").filter(has_text="off").click()
+    _wait_change(page, 0, before, "a toggle click")
+    # the masks explorer: the mask dropdown
+    before = _src(page, 2)
+    _explorer(page, 2).locator("select").first.select_option(label="padding")
+    _wait_change(page, 2, before, "a dropdown choice")
+    _shot(page, 0, "saturation_moved")
+    assert not page.page_errors, page.page_errors
