@@ -177,3 +177,57 @@ def test_training_learns_digits():
     fit(speller, x_tr, y_tr, epochs=5)
     assert accuracy(speller, x_te, y_te) > 0.3
     assert len(DIGIT_NAMES) == 10
+
+
+# ----------------------------------------------------------------------------- the ViT explorer
+
+
+@pytest.fixture(scope="module")
+def vit_and_images():
+    torch.manual_seed(0)
+    vit = VisionTransformer().eval()
+    x = images(B=4, seed=3)
+    x[:, :, :2] = 0.0  # a blank margin, as in a digit
+    return vit, x, torch.tensor([3, 1, 4, 1])
+
+
+def test_vit_explorer_shows_the_models_own_attention(vit_and_images):
+    from attnbook.explorers import vit_explorer
+    from attnbook.explorers.vit import cls_attention
+
+    vit, x, y = vit_and_images
+    ex = vit_explorer(vit, x, y)
+    with torch.no_grad():
+        _, weights = vit(x[2:3], need_weights=True)
+    d = ex.update(digit=2, layer=1, head=3, view="raw")
+    torch.testing.assert_close(d["attention"].flatten(), weights[1][0, 3, 0, 1:])
+    d = ex.update(head="mean")
+    torch.testing.assert_close(d["attention"].flatten(), weights[1][0].mean(0)[0, 1:])
+    d = ex.update(view="rollout", layer=0)
+    torch.testing.assert_close(d["attention"], cls_attention(weights, 0, "mean", "rollout", (4, 4)))
+    assert d["per_pixel"].shape == (8, 8) and "predicted" in ex.caption_text()
+    with pytest.raises(ValueError, match="view must be"):
+        cls_attention(weights, 0, 0, "saliency", (4, 4))
+    with pytest.raises(TypeError, match="VisionTransformer"):
+        vit_explorer(MLPClassifier(), x, y)
+
+
+@pytest.mark.parametrize("first, second", [
+    (dict(digit=0, layer=1, head="mean", view="raw"), dict(digit=1, layer=1, head=2, view="raw")),
+    (dict(digit=2, layer=0, head=0, view="raw"), dict(digit=2, layer=1, head=0, view="rollout")),
+])
+def test_vit_explorer_fast_frame_is_the_full_render(vit_and_images, first, second):
+    from attnbook.explorers import vit_explorer
+    from tests.pixels import assert_blit_matches_full_render
+
+    vit, x, y = vit_and_images
+    assert_blit_matches_full_render(vit_explorer(vit, x, y), first, second)
+
+
+def test_vit_explorer_scrubber_has_a_frame_per_static_combination(vit_and_images):
+    from attnbook.explorers import vit_explorer
+
+    vit, x, y = vit_and_images
+    ex = vit_explorer(vit, x, y, static_digits=2)
+    frames = list(ex.frames())
+    assert len(frames) == 2 * 2 * 5 * 2  # digits x layers x (mean + 4 heads) x views
