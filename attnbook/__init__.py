@@ -26,7 +26,7 @@ Submodules, one concept each:
   ``explorers`` (the interactive explorers: ``explorers.base``, the machinery,
   and one module per family, each with a ``<family>_explorer()`` factory:
   ``saturation``, ``heads``, ``masks``, ``positions``, ``trained_heads``,
-  ``efficient``, ``gqa``, ``minilm``);
+  ``efficient``, ``gqa``, ``minilm``, ``vit``);
 * checking anyone's attention: ``testing`` (``testing.check_attention``, an
   invariant battery for any attention function or module);
 * old names kept for the chapters: ``widgets``, ``explorer``,

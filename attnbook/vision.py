@@ -49,6 +49,7 @@ __all__ = [
     "patchify",
     "patch_grid",
     "load_digits_split",
+    "PatchEmbedding",
     "VisionTransformer",
     "MLPClassifier",
     "mlp_hidden_for",
