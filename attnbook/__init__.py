@@ -17,14 +17,16 @@ Submodules, one concept each:
   transformers), ``train`` (fit, evaluate, attention alignment),
   ``pretrained`` (``pretrained.files``: finding and verifying
   all-MiniLM-L6-v2's files; ``pretrained.model``: the model rebuilt from
-  attnbook's modules);
+  attnbook's modules), ``vision`` (patches, a small Vision Transformer,
+  attention rollout, a decoder that spells a digit's name; scikit-learn's
+  digits);
 * around them: ``measure`` (timing, memory, cost curves, kernel dispatch,
   where a number was measured), ``plotting`` (heatmaps, head grids and
   mosaics, log-scale bars), ``exercises`` (self-checking exercises),
   ``explorers`` (the interactive explorers: ``explorers.base``, the machinery,
   and one module per family, each with a ``<family>_explorer()`` factory:
   ``saturation``, ``heads``, ``masks``, ``positions``, ``trained_heads``,
-  ``efficient``, ``gqa``, ``minilm``);
+  ``efficient``, ``gqa``, ``minilm``, ``vit``);
 * checking anyone's attention: ``testing`` (``testing.check_attention``, an
   invariant battery for any attention function or module);
 * old names kept for the chapters: ``widgets``, ``explorer``,
@@ -49,6 +51,8 @@ Dimension legend, one meaning per letter in every module:
     m    random features (Performer);  Df  width of a feature map's output;  R  hash rounds (Reformer)
     Bq, Bk  queries and keys of one flash-attention tile;  BH  batch and heads merged (B * H)
     P    side of a downsampled picture of the (T, S) pairs
+    Ih, Iw  image height and width in pixels;  p  patch side;  Th, Tw  rows and columns of the patch grid
+    C    number of classes of an image classifier
 """
 
 from typing import Any
@@ -103,7 +107,7 @@ __all__ = [
 # `attnbook.widgets.saturation_explorer()` works after a plain `import attnbook`.
 _LAZY = {"core", "mha", "positional", "kvcache", "layers", "efficient", "tasks", "train", "pretrained", "measure",
          "plotting", "exercises", "explorers", "widgets", "explorer", "efficient_explorer", "gqa_explorer",
-         "task_explorer", "testing"}
+         "task_explorer", "testing", "vision"}
 
 
 def __getattr__(name: str) -> Any:

@@ -27,7 +27,10 @@ Two families live here:
 * **approximations** change the attention itself: :func:`linear_attention`
   (a positive feature map instead of exp), :func:`performer_attention`
   (random features whose dot product estimates exp), :func:`lsh_attention`
-  (each query only sees keys hashed near it).
+  (each query only sees keys hashed near it), and :func:`decayed_linear_attention`
+  (causal linear attention whose state fades by a factor gamma per step: RetNet's
+  retention, an RNN and a state-space model at once; causal only, so it is not in
+  the registry, whose variants all run without a mask too).
 
 The registry, :data:`REGISTRY`, names every variant with the two references
 (``"exact"`` and ``"pytorch"``) and says what each is (exact or not, whether
@@ -83,6 +86,8 @@ __all__ = [
     "attention_call",
     "lsh_n_buckets",
     "make_inputs",
+    "decayed_linear_attention",
+    "DECAYED_METHODS",
 ]
 
 
@@ -1125,3 +1130,107 @@ def make_inputs(T: int, *, B: int = 1, H: int = 2, D: int = 32, seed: int = 0,
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=dtype) for _ in range(3))
     return q, k, v
+
+
+# ----------------------------------------------------------------------------- linear attention with decay
+
+
+DECAYED_METHODS = ("chunkwise", "parallel", "recurrent")
+
+
+def _check_gamma(gamma: float | torch.Tensor, H: int, like: torch.Tensor) -> torch.Tensor:
+    """gamma as a (1, H, 1, 1) tensor of like's dtype and device; each value in (0, 1]."""
+    if isinstance(gamma, bool) or not isinstance(gamma, (float, int, torch.Tensor)):
+        raise TypeError(f"gamma must be a float or a (H,) tensor of floats, got {type(gamma).__name__} {gamma!r}")
+    g = torch.as_tensor(gamma, dtype=like.dtype, device=like.device)
+    if g.dim() == 0:
+        g = g.expand(H)
+    if g.shape != (H,):
+        raise ValueError(f"gamma must be a float or one value per head (H,) = ({H},), got shape {shape_str(g)}")
+    if not bool(((g > 0) & (g <= 1)).all()):
+        raise ValueError(f"gamma must be in (0, 1], got {g.tolist()}")
+    return g.view(1, H, 1, 1)  # (1, H, 1, 1)
+
+
+def _decay_matrix(log_gamma: torch.Tensor, T: int, S: int | None = None) -> torch.Tensor:
+    """gamma^(i-j) where j <= i, else 0: (1, H, T, S) from log gamma (1, H, 1, 1)."""
+    S = T if S is None else S
+    i = torch.arange(T, device=log_gamma.device)[:, None]  # (T, 1)
+    j = torch.arange(S, device=log_gamma.device)[None, :]  # (1, S)
+    dist = (i - j).clamp_min(0).to(log_gamma.dtype)  # (T, S)
+    return torch.where(j <= i, torch.exp(log_gamma * dist), torch.zeros((), dtype=log_gamma.dtype,
+                                                                       device=log_gamma.device))  # (1, H, T, S)
+
+
+def decayed_linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gamma: float | torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    method: str = "chunkwise",
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """Causal linear attention whose memory fades by ``gamma`` per step (T == S)::
+
+        S_t = gamma S_{t-1} + phi(k_t) v_t^T       (D, Dv) state
+        z_t = gamma z_{t-1} + phi(k_t)             (D,) normaliser
+        out_t = phi(q_t)^T S_t / (phi(q_t)^T z_t + eps)
+
+    with phi(x) = elu(x) + 1 as in :func:`linear_attention`. A key seen d steps ago counts gamma^d as
+    much as the current one: RetNet's retention (Sun et al., 2023) with a positive feature map and a
+    normaliser, and the scalar-decay case of the state-space duality of Mamba-2 (Dao & Gu, 2024).
+    ``gamma`` is a float in (0, 1] or one value per head, a tensor ``(H,)``. With ``gamma = 1`` it is
+    :func:`linear_attention` with ``causal=True``.
+
+    One function, three ways of computing it (``method``), equal up to rounding:
+
+    * ``"parallel"``: attention with a decay mask, O(T^2 D): weights phi(Q) phi(K)^T times the matrix
+      gamma^(i-j) (zero above the diagonal), each row divided by its sum (+ eps), times V;
+    * ``"recurrent"``: the RNN above, one position at a time, O(T D Dv) and a state of fixed size
+      (a Python loop: slow, but what a decoder does per generated token);
+    * ``"chunkwise"`` (default): ``chunk_size`` positions at a time, parallel inside a chunk and recurrent
+      between chunks: out = gamma^(r+1) phi(q_r)^T S_carried + the chunk's own decayed (C, C) block, and
+      S_carried <- gamma^C S_carried + sum_j gamma^(C-1-j) phi(k_j) v_j^T; O(T C D) time.
+    """
+    B, H, T, S, D = _check_bhtd(q, k, v)
+    _check_causal_lengths("decayed_linear_attention", q, k, True)
+    if method not in DECAYED_METHODS:
+        raise ValueError(f"method must be one of {DECAYED_METHODS}, got {method!r}")
+    check_int("chunk_size", chunk_size, 1)
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    g = _check_gamma(gamma, H, q)  # (1, H, 1, 1)
+    log_g = torch.log(g)  # (1, H, 1, 1)
+    fq, fk = elu_feature_map(q), elu_feature_map(k)  # (B, H, T, D)
+    ones = v.new_ones(B, H, T, 1)  # (B, H, T, 1)
+    v1 = torch.cat([v, ones], dim=-1)  # (B, H, T, Dv+1): the last column carries the normaliser z
+
+    def normalise(o: torch.Tensor) -> torch.Tensor:  # (B, H, t, Dv+1) -> (B, H, t, Dv)
+        return _safe_divide(o[..., :-1], o[..., -1:], eps)
+
+    if method == "parallel":
+        A = torch.matmul(fq, fk.transpose(-2, -1)) * _decay_matrix(log_g, T)  # (B, H, T, T)
+        return normalise(torch.matmul(A, v1))  # (B, H, T, Dv)
+    if method == "recurrent":
+        state = q.new_zeros(B, H, D, v1.shape[-1])  # (B, H, D, Dv+1) [S_t | z_t]
+        outs = []
+        for t in range(T):
+            state = g * state + fk[:, :, t, :, None] * v1[:, :, t, None, :]  # (B, H, D, Dv+1)
+            outs.append(torch.matmul(fq[:, :, t, None, :], state))  # (B, H, 1, Dv+1)
+        return normalise(torch.cat(outs, dim=2))  # (B, H, T, Dv)
+    state = q.new_zeros(B, H, D, v1.shape[-1])  # (B, H, D, Dv+1) carried between chunks
+    outs = []
+    for start in range(0, T, chunk_size):
+        sl = slice(start, start + chunk_size)
+        fq_c, fk_c, v_c = fq[:, :, sl], fk[:, :, sl], v1[:, :, sl]  # (B, H, C, D), (B, H, C, Dv+1)
+        C = fq_c.shape[2]
+        r = torch.arange(C, device=q.device, dtype=q.dtype)  # (C,)
+        into = torch.exp(log_g * (r[:, None] + 1))  # (1, H, C, 1) gamma^(r+1): the carried state's weight
+        out_c = into * torch.matmul(fq_c, state)  # (B, H, C, Dv+1)
+        A = torch.matmul(fq_c, fk_c.transpose(-2, -1)) * _decay_matrix(log_g, C)  # (B, H, C, C)
+        outs.append(normalise(out_c + torch.matmul(A, v_c)))  # (B, H, C, Dv)
+        out_of = torch.exp(log_g * (C - 1 - r)[:, None])  # (1, H, C, 1) gamma^(C-1-j): key j at chunk end
+        state = torch.exp(log_g * C) * state + torch.matmul((fk_c * out_of).transpose(-2, -1), v_c)
+    return torch.cat(outs, dim=2)  # (B, H, T, Dv)

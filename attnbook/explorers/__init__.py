@@ -8,7 +8,9 @@
   model's heads (chapter 7);
 * ``efficient.efficient_explorer()``: variant, T, window -> pairs scored, time, memory (chapter 8);
 * ``gqa.gqa_explorer()``: query and key/value heads, context -> KV cache and decoding time (chapter 9);
-* ``minilm.minilm_explorer(model, tokenizer)``: layer, head, sentence -> all-MiniLM-L6-v2's heads (chapter 10).
+* ``minilm.minilm_explorer(model, tokenizer)``: layer, head, sentence -> all-MiniLM-L6-v2's heads (chapter 10);
+* ``vit.vit_explorer(model, images, labels)``: digit, layer, head, raw or rollout -> what a trained Vision
+  Transformer's [CLS] token looks at (chapter 11).
 
 Each factory returns an :class:`attnbook.explorers.base.Explorer`: display it (or leave it as a cell's
 last expression) to get the live widget in Jupyter/Colab and the pre-rendered scrubber in the static
@@ -34,9 +36,10 @@ __all__ = [
     "efficient_explorer",
     "gqa_explorer",
     "minilm_explorer",
+    "vit_explorer",
 ]
 
-_FAMILIES = ("saturation", "heads", "masks", "positions", "trained_heads", "efficient", "gqa", "minilm")
+_FAMILIES = ("saturation", "heads", "masks", "positions", "trained_heads", "efficient", "gqa", "minilm", "vit")
 FACTORIES = {f"{family}_explorer": family for family in _FAMILIES}
 
 

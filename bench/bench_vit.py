@@ -1,0 +1,107 @@
+"""Chapter 11's Vision Transformer: accuracy and training time on scikit-learn's digits, three seeds.
+
+Goal (issue 15): a 2-layer, 4-head ViT with 2x2 patches trained on a CPU (one thread) to >= 97% test
+accuracy on the held-out quarter of the 1,797 digits in under 30 s of training wall time. The baseline is
+chapter 11's perceptron with the same parameter count, trained with the same recipe. Also times the three
+forms of ``attnbook.efficient.decayed_linear_attention`` against T (chunkwise should grow linearly).
+
+    .venv/bin/python bench/bench_vit.py            # three seeds, about a minute and a half
+    .venv/bin/python bench/bench_vit.py --seeds 1  # one seed
+
+Prints a table with PASS/MISS and writes bench/results/vit.json. Needs scikit-learn. Other processes on the
+machine inflate the times (the load average is recorded alongside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from attnbook.efficient import decayed_linear_attention, make_inputs  # noqa: E402
+from attnbook.measure import machine_summary, time_calls  # noqa: E402
+from attnbook.vision import (  # noqa: E402
+    MLPClassifier,
+    VisionTransformer,
+    accuracy,
+    fit,
+    load_digits_split,
+    mlp_hidden_for,
+    n_params,
+)
+
+# the recipe and model of chapter 11 (keep in sync with chapters/11_beyond_text.md)
+RECIPE = dict(epochs=60, batch_size=48, lr=2e-3, weight_decay=0.1)
+VIT = dict(image_size=8, patch=2, d_model=32, num_heads=4, num_layers=2, dim_feedforward=96)
+ACCURACY_GOAL, TIME_GOAL_S = 0.97, 30.0
+RESULTS = Path(__file__).resolve().parent / "results" / "vit.json"
+
+
+def train_one(seed: int) -> dict:
+    x_tr, y_tr, x_te, y_te = load_digits_split()
+    torch.manual_seed(seed)
+    vit = VisionTransformer(**VIT)
+    start = time.perf_counter()
+    fit(vit, x_tr, y_tr, seed=seed, **RECIPE)
+    seconds = time.perf_counter() - start
+    torch.manual_seed(seed)
+    mlp = MLPClassifier(hidden=mlp_hidden_for(n_params(vit)))
+    start = time.perf_counter()
+    fit(mlp, x_tr, y_tr, seed=seed, **RECIPE)
+    mlp_seconds = time.perf_counter() - start
+    return {"seed": seed, "vit_accuracy": accuracy(vit, x_te, y_te), "vit_seconds": seconds,
+            "mlp_accuracy": accuracy(mlp, x_te, y_te), "mlp_seconds": mlp_seconds,
+            "vit_params": n_params(vit), "mlp_params": n_params(mlp)}
+
+
+def decayed_costs(Ts: tuple[int, ...] = (512, 1024, 2048, 4096)) -> dict[str, list[float]]:
+    costs: dict[str, list[float]] = {m: [] for m in ("parallel", "recurrent", "chunkwise")}
+    for T in Ts:
+        q, k, v = make_inputs(T, B=1, H=4, D=32)
+        calls = {m: (lambda m=m, q=q, k=k, v=v: decayed_linear_attention(q, k, v, 0.9, method=m)) for m in costs}
+        for m, s in time_calls(calls, rounds=3).items():
+            costs[m].append(s)
+    return costs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    runs = [train_one(seed) for seed in range(args.seeds)]
+    print(machine_summary(), "(one thread), load average", os.getloadavg())
+    print(f"{'seed':>4} | {'ViT acc':>7} {'time s':>7} | {'MLP acc':>7} {'time s':>7}")
+    for r in runs:
+        print(f"{r['seed']:>4} | {r['vit_accuracy']:7.3f} {r['vit_seconds']:7.1f} | "
+              f"{r['mlp_accuracy']:7.3f} {r['mlp_seconds']:7.1f}")
+    accs = [r["vit_accuracy"] for r in runs]
+    times = [r["vit_seconds"] for r in runs]
+    ok_acc, ok_time = min(accs) >= ACCURACY_GOAL, max(times) < TIME_GOAL_S
+    print(f"ViT accuracy min {min(accs):.3f}, max {max(accs):.3f} (goal >= {ACCURACY_GOAL}): "
+          f"{'PASS' if ok_acc else 'MISS'}")
+    print(f"ViT training time median {statistics.median(times):.1f} s (goal < {TIME_GOAL_S:.0f} s): "
+          f"{'PASS' if ok_time else 'MISS'}")
+    Ts = (512, 1024, 2048, 4096)
+    costs = decayed_costs(Ts)
+    growth = {m: c[-1] / c[0] for m, c in costs.items()}
+    print(f"decayed linear attention, time(T={Ts[-1]}) / time(T={Ts[0]}) (linear: {Ts[-1] // Ts[0]}, "
+          f"quadratic: {(Ts[-1] // Ts[0]) ** 2}): " + ", ".join(f"{m} {g:.1f}" for m, g in growth.items()))
+    print(f"chunkwise grows at most linearly-ish (< {2 * Ts[-1] // Ts[0]}x): "
+          f"{'PASS' if growth['chunkwise'] < 2 * Ts[-1] // Ts[0] else 'MISS'}")
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps({"machine": machine_summary(), "load_average": os.getloadavg(), "runs": runs,
+                                   "decayed_T": list(Ts), "decayed_seconds": costs}, indent=1) + "\n")
+    print("wrote", RESULTS.relative_to(RESULTS.parents[2]))
+
+
+if __name__ == "__main__":
+    main()

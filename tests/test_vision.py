@@ -1,0 +1,233 @@
+"""Tests for attnbook.vision: patches, the ViT and its baseline, attention rollout, the digit speller.
+
+Dimension legend: B batch, H heads, T tokens, Th/Tw patch grid, E model dim, C classes, L name length.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnbook.vision import (
+    DIGIT_NAMES,
+    SPELLING_VOCAB,
+    DigitSpeller,
+    MLPClassifier,
+    VisionTransformer,
+    accuracy,
+    attention_rollout,
+    fit,
+    mlp_hidden_for,
+    n_params,
+    patch_grid,
+    patchify,
+    random_shift,
+    spell,
+)
+
+
+def images(B=3, side=8, seed=0):
+    return torch.rand(B, side, side, generator=torch.Generator().manual_seed(seed))
+
+
+def test_patchify_by_hand():
+    x = torch.arange(16.0).view(1, 4, 4)
+    p = patchify(x, 2)  # (1, 4, 4)
+    assert p.shape == (1, 4, 4)
+    assert p[0, 0].tolist() == [0, 1, 4, 5]  # top-left square, row by row
+    assert p[0, 1].tolist() == [2, 3, 6, 7]  # top-right
+    assert p[0, 2].tolist() == [8, 9, 12, 13]  # bottom-left
+    assert patchify(x, 1).squeeze(-1).tolist() == x.flatten(1).tolist()
+    assert patchify(x, 4).tolist() == x.flatten(1)[:, None].tolist()
+
+
+def test_patchify_matches_unfold():
+    x = images(B=2, side=8)
+    ref = torch.nn.functional.unfold(x[:, None], kernel_size=2, stride=2).transpose(1, 2)  # (B, T, p*p)
+    torch.testing.assert_close(patchify(x, 2), ref)
+
+
+def test_patch_grid_inverts_raster_order():
+    w = torch.arange(32.0).view(2, 16)
+    g = patch_grid(w, (4, 4))
+    assert g.shape == (2, 4, 4) and g[1, 2, 3].item() == 16 + 2 * 4 + 3
+
+
+def test_patchify_bad_input():
+    with pytest.raises(TypeError, match="images must be a torch.Tensor"):
+        patchify([[0.0]], 2)
+    with pytest.raises(TypeError, match="floating-point"):
+        patchify(torch.zeros(1, 4, 4, dtype=torch.long), 2)
+    with pytest.raises(ValueError, match=r"3-D \(B, Ih, Iw\).*got shape \(4, 4\)"):
+        patchify(torch.zeros(4, 4), 2)
+    with pytest.raises(ValueError, match=r"images \(1, 6, 8\): height 6 and width 8 must be multiples of patch=4"):
+        patchify(torch.zeros(1, 6, 8), 4)
+    with pytest.raises(TypeError, match="patch must be an int"):
+        patchify(torch.zeros(1, 4, 4), 2.0)
+    with pytest.raises(ValueError, match="patch must be an int >= 1"):
+        patchify(torch.zeros(1, 4, 4), 0)
+    with pytest.raises(ValueError, match=r"\(B, 16\) for grid \(4, 4\), got \(2, 15\)"):
+        patch_grid(torch.zeros(2, 15), (4, 4))
+
+
+def test_vit_shapes_and_weights():
+    torch.manual_seed(0)
+    vit = VisionTransformer(num_layers=2, num_heads=4)
+    logits, weights = vit(images(), need_weights=True)
+    assert logits.shape == (3, 10)
+    assert len(weights) == 2 and weights[0].shape == (3, 4, 17, 17)  # [CLS] + 16 patches
+    torch.testing.assert_close(weights[1].sum(-1), torch.ones(3, 4, 17))
+    torch.testing.assert_close(vit(images()), logits)
+    with pytest.raises(ValueError, match=r"images must be \(B, 8, 8\), got \(3, 4, 4\)"):
+        vit(images(side=4))
+
+
+def test_vit_without_positions_is_blind_to_patch_order():
+    """Chapter 5's permutation argument in 2-D: no positions, [CLS] readout -> the same logits for any
+    shuffle of the patches; with positions the logits change."""
+    torch.manual_seed(0)
+    x = images(B=4)
+    perm = torch.randperm(16, generator=torch.Generator().manual_seed(1))
+    shuffled = patchify(x, 2)[:, perm].reshape(4, 4, 4, 2, 2).permute(0, 1, 3, 2, 4).reshape(4, 8, 8)
+    torch.testing.assert_close(patchify(shuffled, 2), patchify(x, 2)[:, perm])
+    blind = VisionTransformer(positions=False)
+    torch.testing.assert_close(blind(shuffled), blind(x), rtol=1e-5, atol=1e-5)
+    seeing = VisionTransformer(positions=True)
+    with torch.no_grad():
+        seeing.embed.row.mul_(50.0)  # make the positions matter
+    assert not torch.allclose(seeing(shuffled), seeing(x), atol=1e-3)
+
+
+def test_mlp_baseline_matches_parameter_count():
+    vit = VisionTransformer()
+    mlp = MLPClassifier(hidden=mlp_hidden_for(n_params(vit)))
+    assert abs(n_params(mlp) - n_params(vit)) / n_params(vit) < 0.01
+    assert mlp(images()).shape == (3, 10)
+
+
+def test_rollout():
+    torch.manual_seed(0)
+    vit = VisionTransformer(num_layers=3)
+    _, weights = vit(images(), need_weights=True)
+    r = attention_rollout(weights)
+    assert r.shape == (3, 17, 17)
+    torch.testing.assert_close(r.sum(-1), torch.ones(3, 17))  # still a distribution over input tokens
+    # one layer, no residual: the head-averaged weights themselves
+    torch.testing.assert_close(attention_rollout(weights[:1], residual=0.0), weights[0].mean(1))
+    # two layers by hand
+    eye = torch.eye(17)
+    a = [0.5 * eye + 0.5 * w.mean(1) for w in weights[:2]]
+    torch.testing.assert_close(attention_rollout(weights[:2]), a[1] @ a[0])
+    with pytest.raises(TypeError, match="non-empty list"):
+        attention_rollout([])
+    with pytest.raises(ValueError, match=r"weights\[1\] must be \(B, H, T, T\)"):
+        attention_rollout([weights[0], weights[1][:, :, :5]])
+    with pytest.raises(ValueError, match=r"residual must be in \[0, 1\)"):
+        attention_rollout(weights, residual=1.0)
+
+
+def test_spell():
+    ids = spell(torch.tensor([7, 1]))
+    assert ids.shape == (2, 6)
+    assert SPELLING_VOCAB.decode(ids) == ["seven", "one"]
+    assert ids[1, 3].item() == SPELLING_VOCAB.eos_id and ids[1, 4].item() == SPELLING_VOCAB.pad_id
+    with pytest.raises(ValueError, match="digits 0..9"):
+        spell(torch.tensor([10]))
+    with pytest.raises(TypeError, match="LongTensor"):
+        spell(torch.tensor([1.0]))
+
+
+def test_speller_shapes_and_generate():
+    torch.manual_seed(0)
+    model = DigitSpeller()
+    x = images()
+    logits, cross = model(x, spell(torch.tensor([0, 1, 2])), need_weights=True)
+    assert logits.shape == (3, 6, len(SPELLING_VOCAB)) and cross[0].shape == (3, 4, 6, 16)
+    ids, w = model.generate(x)
+    assert ids.shape == (3, 6) and w.shape == (3, 4, 6, 16)
+    torch.testing.assert_close(w.sum(-1), torch.ones(3, 4, 6))
+    assert model.loss(x, torch.tensor([0, 1, 2])).item() > 0
+
+
+def test_random_shift():
+    x = torch.zeros(2, 5, 5)
+    x[:, 2, 2] = 1.0
+    g = torch.Generator().manual_seed(0)
+    y = random_shift(x, 1, g)
+    assert y.shape == x.shape and torch.equal(y.sum((1, 2)), torch.ones(2))  # the centre pixel stays in
+    assert random_shift(x, 0, g) is x
+
+
+@pytest.mark.slow
+def test_training_learns_digits():
+    """A short training on scikit-learn's digits: far above chance for the ViT, the MLP and the speller."""
+    pytest.importorskip("sklearn")
+    from attnbook.vision import load_digits_split
+
+    x_tr, y_tr, x_te, y_te = load_digits_split()
+    assert x_tr.shape == (1348, 8, 8) and x_te.shape == (449, 8, 8) and 0 <= x_tr.min() and x_tr.max() <= 1
+    torch.manual_seed(0)
+    vit = VisionTransformer()
+    fit(vit, x_tr, y_tr, epochs=5)
+    assert accuracy(vit, x_te, y_te) > 0.25  # chance is 0.1; the ViT starts slowly (about 0.97 after 60 epochs)
+    mlp = MLPClassifier()
+    fit(mlp, x_tr, y_tr, epochs=5)
+    assert accuracy(mlp, x_te, y_te) > 0.8
+    speller = DigitSpeller()
+    fit(speller, x_tr, y_tr, epochs=5)
+    assert accuracy(speller, x_te, y_te) > 0.3
+    assert len(DIGIT_NAMES) == 10
+
+
+# ----------------------------------------------------------------------------- the ViT explorer
+
+
+@pytest.fixture(scope="module")
+def vit_and_images():
+    torch.manual_seed(0)
+    vit = VisionTransformer().eval()
+    x = images(B=4, seed=3)
+    x[:, :, :2] = 0.0  # a blank margin, as in a digit
+    return vit, x, torch.tensor([3, 1, 4, 1])
+
+
+def test_vit_explorer_shows_the_models_own_attention(vit_and_images):
+    from attnbook.explorers import vit_explorer
+    from attnbook.explorers.vit import cls_attention
+
+    vit, x, y = vit_and_images
+    ex = vit_explorer(vit, x, y)
+    with torch.no_grad():
+        _, weights = vit(x[2:3], need_weights=True)
+    d = ex.update(digit=2, layer=1, head=3, view="raw")
+    torch.testing.assert_close(d["attention"].flatten(), weights[1][0, 3, 0, 1:])
+    d = ex.update(head="mean")
+    torch.testing.assert_close(d["attention"].flatten(), weights[1][0].mean(0)[0, 1:])
+    d = ex.update(view="rollout", layer=0)
+    torch.testing.assert_close(d["attention"], cls_attention(weights, 0, "mean", "rollout", (4, 4)))
+    assert d["per_pixel"].shape == (8, 8) and "predicted" in ex.caption_text()
+    with pytest.raises(ValueError, match="view must be"):
+        cls_attention(weights, 0, 0, "saliency", (4, 4))
+    with pytest.raises(TypeError, match="VisionTransformer"):
+        vit_explorer(MLPClassifier(), x, y)
+
+
+@pytest.mark.parametrize("first, second", [
+    (dict(digit=0, layer=1, head="mean", view="raw"), dict(digit=1, layer=1, head=2, view="raw")),
+    (dict(digit=2, layer=0, head=0, view="raw"), dict(digit=2, layer=1, head=0, view="rollout")),
+])
+def test_vit_explorer_fast_frame_is_the_full_render(vit_and_images, first, second):
+    from attnbook.explorers import vit_explorer
+    from tests.pixels import assert_blit_matches_full_render
+
+    vit, x, y = vit_and_images
+    assert_blit_matches_full_render(vit_explorer(vit, x, y), first, second)
+
+
+def test_vit_explorer_scrubber_has_a_frame_per_static_combination(vit_and_images):
+    from attnbook.explorers import vit_explorer
+
+    vit, x, y = vit_and_images
+    ex = vit_explorer(vit, x, y, static_digits=2)
+    frames = list(ex.frames())
+    assert len(frames) == 2 * 2 * 5 * 2  # digits x layers x (mean + 4 heads) x views
