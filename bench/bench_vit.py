@@ -39,7 +39,7 @@ from attnbook.vision import (  # noqa: E402
 )
 
 # the recipe and model of chapter 11 (keep in sync with chapters/11_beyond_text.md)
-RECIPE = dict(epochs=60, batch_size=48, lr=2e-3, weight_decay=0.1)
+RECIPE = dict(epochs=60, batch_size=32, lr=2e-3, weight_decay=0.1)
 VIT = dict(image_size=8, patch=2, d_model=32, num_heads=4, num_layers=2, dim_feedforward=96)
 ACCURACY_GOAL, TIME_GOAL_S = 0.97, 30.0
 RESULTS = Path(__file__).resolve().parent / "results" / "vit.json"
