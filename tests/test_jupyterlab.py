@@ -7,7 +7,8 @@ one notebook), opens the notebook, runs its explorer cells and checks what the r
 * each figure is shown at its own size (at most the output's width), never stretched: the displayed width
   is at most 1.25 times the figure's size in CSS pixels, and the image has at least 1.9 device pixels per
   CSS pixel (sharp on a high-density screen);
-* moving a control (a slider by the keyboard, a toggle button by a click, a dropdown) changes the image.
+* moving a control (a slider by the keyboard, a toggle button by a click, a dropdown) changes the image;
+* clicking a pixel of the ViT explorer's drawing grid shows the drawing ("your drawing" in the image choice).
 
 Screenshots go to _build/screenshots/. Skips when JupyterLab, Chromium or playwright is missing, except
 under CI=true, where it fails.
@@ -35,6 +36,10 @@ CELLS = [
     "import attnbook.widgets\nsaturation = attnbook.widgets.saturation_explorer()\nsaturation",
     "heads = attnbook.widgets.heads_explorer()\nheads.update(num_heads=1)\nheads",
     "masks = attnbook.widgets.masks_explorer()\nmasks",
+    "import torch\nfrom attnbook.vision import VisionTransformer, load_digits_split\n"
+    "from attnbook.explorers import vit_explorer\n_ = torch.manual_seed(0)\n"
+    "*_, x_test, y_test = load_digits_split()\n"
+    "vit = vit_explorer(VisionTransformer(), x_test[:8], y_test[:8], static_digits=1)\nvit",
 ]
 
 
@@ -164,7 +169,7 @@ def _shot(page, i, name):
     _explorer(page, i).screenshot(path=str(SHOTS / f"jupyterlab_{name}.png"))
 
 
-@pytest.mark.parametrize("i, name", list(enumerate(["saturation", "heads_1", "masks"])))
+@pytest.mark.parametrize("i, name", list(enumerate(["saturation", "heads_1", "masks", "vit"])))
 def test_figure_is_shown_at_its_own_size_and_sharp(notebook, i, name):
     box = _explorer(notebook, i)
     box.scroll_into_view_if_needed()
@@ -220,4 +225,22 @@ def test_moving_a_control_changes_the_image(notebook):
     _explorer(page, 2).locator("select").first.select_option(label="padding")
     _wait_change(page, 2, before, "a dropdown choice")
     _shot(page, 0, "saturation_moved")
+    assert not page.page_errors, page.page_errors
+
+
+def test_drawing_a_pixel_shows_the_drawing(notebook):
+    page = notebook
+    box = _explorer(page, 3)
+    pixels = box.locator(".widget-gridbox button")
+    assert pixels.count() == 64, f"{pixels.count()} pixel buttons in the ViT explorer's drawing grid"
+    before = _src(page, 3)
+    pixels.nth(0).scroll_into_view_if_needed()
+    pixels.nth(0).click()
+    _wait_change(page, 3, before, "a click on a pixel of the drawing grid")
+    choice = box.locator("select").first.evaluate("s => s.options[s.selectedIndex].text")
+    assert choice.replace("\xa0", " ").startswith("your drawing"), choice
+    before = _src(page, 3)
+    box.locator("button", has_text="clear").click()
+    _wait_change(page, 3, before, "clear")
+    _shot(page, 3, "vit_drawn")
     assert not page.page_errors, page.page_errors

@@ -231,3 +231,49 @@ def test_vit_explorer_scrubber_has_a_frame_per_static_combination(vit_and_images
     ex = vit_explorer(vit, x, y, static_digits=2)
     frames = list(ex.frames())
     assert len(frames) == 2 * 2 * 5 * 2  # digits x layers x (mean + 4 heads) x views
+
+
+def test_vit_explorer_draws_the_readers_own_digit(vit_and_images):
+    """The live widget's grid of pixels: clicking one shows the drawing, with the model's own prediction and
+    attention for it; "copy the shown image" and "clear" set every pixel with one update."""
+    from attnbook.explorers import vit_explorer
+    from attnbook.explorers.vit import DRAWN
+
+    vit, x, y = vit_and_images
+    ex = vit_explorer(vit, x, y)
+    widget = ex.widget
+    pad = widget.children[-1]                       # HBox([pixel grid, VBox([copy, clear])])
+    pixels, (copy, clear) = pad.children[0].children, pad.children[1].children
+    ink = [b.style.button_color == "black" for b in pixels]
+    assert len(pixels) == 64 and ink == (x[0] >= 0.5).flatten().tolist() and "white" in {b.style.button_color for b in pixels}
+    assert ex.values["digit"] == 0
+
+    pixels[10].click()                               # row 1, column 2
+    assert pixels[10].style.button_color == ("white" if ink[10] else "black")
+    assert ex.values["digit"] == DRAWN and ex.control_widgets["digit"].value == DRAWN
+    expected = (x[0] >= 0.5).float()
+    expected[1, 2] = 1.0 - expected[1, 2]
+    torch.testing.assert_close(ex.data["image"], expected)
+    with torch.no_grad():
+        logits, weights = vit(expected[None], need_weights=True)
+    assert ex.data["prediction"] == int(logits.argmax()) and ex.data["label"] is None
+    ex.update(layer=1, head=2, view="raw")
+    torch.testing.assert_close(ex.data["attention"].flatten(), weights[1][0, 2, 0, 1:])
+    assert "your drawing" in ex.caption_text()
+
+    calls = []
+    compute = ex.compute
+    ex.compute = lambda **v: calls.append(v) or compute(**v)
+    clear.click()
+    assert len(calls) == 1 and {b.style.button_color for b in pixels} == {"white"}
+    assert float(ex.data["image"].sum()) == 0.0
+    ex.update(digit=3)
+    copy.click()
+    assert ex.values["digit"] == DRAWN
+    torch.testing.assert_close(ex.data["image"], (x[3] >= 0.5).float())
+    assert x[3].sum() != (x[3] >= 0.5).float().sum()  # the copy is the thresholded image, not the grey one
+
+    # the book's scrubber is unchanged: no frame for the drawing
+    assert all(values["digit"] != DRAWN for values, _, _ in ex.frames())
+    with pytest.raises(ValueError, match=r"drawing must be one image of the same size as images, \(8, 8\), got \(4, 4\)"):
+        vit_explorer(vit, x, y, drawing=torch.zeros(4, 4))

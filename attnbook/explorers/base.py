@@ -263,6 +263,8 @@ class Explorer:
     plain ``draw(data) -> Figure``; ``caption(data) -> str`` (optional) is a
     line of text under it. ``update(**values)`` recomputes and keeps
     ``values``, ``data`` and ``figure``; moving a widget calls it.
+    ``extras(explorer) -> widgets`` (optional) adds ipywidgets under the live
+    view, e.g. a grid to draw on; the book's scrubber does not show them.
     """
 
     title: str
@@ -274,6 +276,7 @@ class Explorer:
     layout: Callable[[dict], Hashable] | None = None
     build: Callable[[dict], tuple[Figure, dict[str, Any]]] | None = None
     redraw: Callable[[dict, dict[str, Any]], None] | None = None
+    extras: Callable[[Explorer], Sequence[Any]] | None = None
     values: dict = field(init=False)
     data: dict = field(init=False)
     figure: Figure = field(init=False)
@@ -363,7 +366,8 @@ class Explorer:
             for name, w in self._controls_w.items():
                 w.observe(self._on_change(name), names="value")
             title = W.HTML(f"<b>{html.escape(self.title)}</b>")
-            self._widget = W.VBox([title, *self._controls_w.values(), self._image_w, self._caption_w])
+            extra = list(self.extras(self)) if self.extras is not None else []
+            self._widget = W.VBox([title, *self._controls_w.values(), self._image_w, self._caption_w, *extra])
             self.update()  # the figure again, at the live scale
         return self._widget
 
