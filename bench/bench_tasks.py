@@ -58,7 +58,7 @@ CONFIGS = {
         dict(COMMON, steps=150),
         0.99,
     ),
-    "addition": (lambda: addition_task(num_digits=3), Seq2SeqTransformer, SMALL_S2S, dict(COMMON, steps=800), 0.95),
+    "addition": (lambda: addition_task(num_digits=3), Seq2SeqTransformer, SMALL_S2S, dict(COMMON, steps=1000), 0.95),
 }
 EXTRA = {
     "sort": (lambda: sort_task(length=8, num_symbols=10), Seq2SeqTransformer, SMALL_S2S, dict(COMMON, steps=500), None),
