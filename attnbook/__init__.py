@@ -3,35 +3,36 @@
 Bool masks are True where a query may attend a key (as in PyTorch's
 ``F.scaled_dot_product_attention``); float masks are added to the scores.
 
-Submodules, one concept each:
+Submodules, one concept each; every public name has one home, the module
+listed here that defines it (or this package, for the names in ``__all__``
+below, or a subpackage's ``__init__`` for the names it lists):
 
-* attention: ``core`` (scaled dot-product attention), ``masks`` (masks and
-  conversions between conventions), ``mha`` (multi-head, grouped-query and
-  multi-query attention), ``kvcache`` (the KV caches, concatenating and
-  preallocated, and their size),
-  ``positional`` (sinusoidal, learned, T5 relative, RoPE, ALiBi), ``layers``
-  (Transformer encoder/decoder layers equal to PyTorch's), ``efficient``
-  (sliding window, block sparse, linear, Performer, LSH, flash, and the
-  registry of variants);
-* models: ``tasks`` (``tasks.data``: toy tasks; ``tasks.models``: the two toy
-  transformers), ``train`` (fit, evaluate, attention alignment),
-  ``pretrained`` (``pretrained.files``: finding and verifying
-  all-MiniLM-L6-v2's files; ``pretrained.model``: the model rebuilt from
-  attnbook's modules), ``vision`` (patches, a small Vision Transformer,
-  attention rollout, a decoder that spells a digit's name; scikit-learn's
-  digits);
+* attention: ``core`` (scaled dot-product attention and the one float32 masked
+  softmax), ``masks`` (masks and conversions between conventions), ``mha``
+  (multi-head, grouped-query and multi-query attention), ``kvcache`` (the KV
+  caches, concatenating and preallocated, their size, and the timing of one
+  decoding step over them), ``positional`` (sinusoidal, learned, T5 relative,
+  RoPE, ALiBi), ``layers`` (Transformer encoder/decoder layers equal to
+  PyTorch's), ``efficient`` (sliding window, block sparse, linear, Performer,
+  LSH, flash and decayed linear attention, and the registry of variants with
+  the pairs each one scores and their measured costs);
+* models: ``tasks`` (``tasks.data``: the vocabulary and the toy tasks;
+  ``tasks.models``: the two toy transformers), ``train`` (fit, evaluate,
+  attention alignment, and one input's every attention map), ``pretrained``
+  (``pretrained.files``: finding and verifying all-MiniLM-L6-v2's files;
+  ``pretrained.model``: the model rebuilt from attnbook's modules), ``vision``
+  (patches, a small Vision Transformer, attention rollout, a decoder that
+  spells a digit's name; scikit-learn's digits);
 * around them: ``measure`` (timing, memory, cost curves, kernel dispatch,
   where a number was measured), ``plotting`` (heatmaps, head grids and
   mosaics, log-scale bars), ``exercises`` (self-checking exercises),
-  ``explorers`` (the interactive explorers: ``explorers.base``, the machinery,
-  and one module per family, each with a ``<family>_explorer()`` factory:
-  ``saturation``, ``heads``, ``masks``, ``positions``, ``trained_heads``,
-  ``efficient``, ``gqa``, ``minilm``, ``vit``);
+  ``explorers`` (the interactive explorers, interface only: ``explorers.base``,
+  the machinery, and one module per family holding its ``<family>_explorer()``
+  factory and the choices it offers: ``saturation``, ``heads``, ``masks``,
+  ``positions``, ``trained_heads``, ``efficient``, ``gqa``, ``minilm``,
+  ``vit``);
 * checking anyone's attention: ``testing`` (``testing.check_attention``, an
   invariant battery for any attention function or module);
-* old names kept for the chapters: ``widgets``, ``explorer``,
-  ``efficient_explorer``, ``gqa_explorer``, ``task_explorer`` (re-exports of
-  ``explorers``);
 * private: ``_checks`` (argument checks: TypeError for a wrong type,
   ValueError for a wrong value), ``_compat`` (torch-version flags, the device
   list).
@@ -49,6 +50,8 @@ Dimension legend, one meaning per letter in every module:
     W    window half-width, or an efficient variant's locality size (block, chunk, tile)
     Sb   keys one query block of sliding-window attention looks at
     m    random features (Performer);  Df  width of a feature map's output;  R  hash rounds (Reformer)
+    Cs   chunk length (chunked linear attention, Reformer);  nc  number of chunks
+    Gb   query blocks of sliding-window attention computed together;  Kb  key blocks a BigBird query block reads
     Bq, Bk  queries and keys of one flash-attention tile;  BH  batch and heads merged (B * H)
     P    side of a downsampled picture of the (T, S) pairs
     Ih, Iw  image height and width in pixels;  p  patch side;  Th, Tw  rows and columns of the patch grid
@@ -104,10 +107,9 @@ __all__ = [
 ]
 
 # Submodules with heavier imports (matplotlib, ipywidgets, tokenizers) load on first use:
-# `attnbook.widgets.saturation_explorer()` works after a plain `import attnbook`.
+# `attnbook.explorers.saturation_explorer()` works after a plain `import attnbook`.
 _LAZY = {"core", "mha", "positional", "kvcache", "layers", "efficient", "tasks", "train", "pretrained", "measure",
-         "plotting", "exercises", "explorers", "widgets", "explorer", "efficient_explorer", "gqa_explorer",
-         "task_explorer", "testing", "vision"}
+         "plotting", "exercises", "explorers", "testing", "vision"}
 
 
 def __getattr__(name: str) -> Any:

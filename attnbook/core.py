@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ._checks import check_prob, shape_str
 from ._compat import default_device
 
-__all__ = ["scaled_dot_product_attention", "default_device", "check_mask", "check_qkv"]
+__all__ = ["scaled_dot_product_attention", "default_device", "check_mask", "check_qkv", "softmax_stats"]
 
 
 def check_mask(mask: torch.Tensor, scores_shape: torch.Size) -> None:
@@ -144,3 +144,21 @@ def scaled_dot_product_attention(
         weights = F.dropout(weights, p=dropout_p)
     out = torch.matmul(weights, v)  # (..., T, Dv)
     return out, weights
+
+
+def softmax_stats(logits: torch.Tensor) -> dict[str, float]:
+    """Entropy, largest weight and softmax-Jacobian norm for logits (B, T), averaged over B.
+
+    The Jacobian of p = softmax(z) is diag(p) - p p^T; its Frobenius norm is how
+    much the weights can still move when the logits move: near 0 means
+    saturated (vanishing gradients).
+    """
+    p = torch.softmax(logits.double(), dim=-1)  # (B, T)
+    entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)  # (B,)
+    jac = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]  # (B, T, T)
+    grad_norm = jac.flatten(1).norm(dim=-1)  # (B,)
+    return {
+        "entropy": entropy.mean().item(),
+        "max_weight": p.max(-1).values.mean().item(),
+        "grad_norm": grad_norm.mean().item(),
+    }

@@ -12,6 +12,9 @@ Dimension legend:
     Df width of a feature map's output (D for elu + 1, m for Performer)
     R  number of hash rounds (Reformer's ``n_hashes``)
     Bq, Bk  queries and keys of one flash-attention tile (``query_block_size``, ``block_size``)
+    Cs chunk length (linear attention's and Reformer's ``chunk_size``); nc number of chunks
+    Gb query blocks of sliding-window attention handled together (a cache-sized group)
+    Kb key blocks one BigBird query block attends (global + window + random)
     BH batch and heads merged into one dim (B * H), as flash attention's tiles run them
 
 Every function takes q ``(B, H, T, D)``, k ``(B, H, S, D)`` and v
@@ -45,8 +48,9 @@ attend to gets a zero output.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +61,8 @@ from torch.types import Device
 
 from ._checks import check_int, shape_str
 from .core import check_qkv, scaled_dot_product_attention
-from .masks import causal_mask
+from .masks import causal_mask, sliding_window_mask
+from .measure import cost_curves
 
 __all__ = [
     "sliding_window_attention",
@@ -83,6 +88,16 @@ __all__ = [
     "REGISTRY",
     "NUM_FEATURES",
     "variant",
+    "Pattern",
+    "ALL_PAIRS",
+    "SLIDING_WINDOW_PAIRS",
+    "BIGBIRD_PAIRS",
+    "LSH_PAIRS",
+    "attended_pairs",
+    "pair_share",
+    "pair_picture",
+    "cost_key",
+    "measure_costs",
     "attention_call",
     "lsh_n_buckets",
     "make_inputs",
@@ -222,12 +237,12 @@ def sliding_window_attention(
     outs = []
     for g0 in range(0, nb, group):
         g = slice(g0, g0 + group)
-        allowed = band_f[None, :, :] * real_f[g, None, :]  # (G, b, Sb)
-        bias = allowed.sub_(1.0).mul_(torch.finfo(q.dtype).max)  # (G, b, Sb) 0 or finfo.min, see _blocking_bias
-        scores = torch.matmul(qb[:, :, g], kb[:, :, g]).add_(bias)  # (B, H, G, b, Sb)
+        allowed = band_f[None, :, :] * real_f[g, None, :]  # (Gb, b, Sb)
+        bias = allowed.sub_(1.0).mul_(torch.finfo(q.dtype).max)  # (Gb, b, Sb) 0 or finfo.min, see _blocking_bias
+        scores = torch.matmul(qb[:, :, g], kb[:, :, g]).add_(bias)  # (B, H, Gb, b, Sb)
         # every real query sees itself, so no real row is fully blocked (padding rows are dropped)
-        weights = _softmax(scores)  # (B, H, G, b, Sb)
-        outs.append(torch.matmul(weights, vb[:, :, g]))  # (B, H, G, b, Dv)
+        weights = _softmax(scores)  # (B, H, Gb, b, Sb)
+        outs.append(torch.matmul(weights, vb[:, :, g]))  # (B, H, Gb, b, Dv)
     out = torch.cat(outs, dim=2)  # (B, H, nb, b, Dv)
     return out.reshape(B, H, Tp, -1)[:, :, :T]  # (B, H, T, Dv)
 
@@ -309,9 +324,9 @@ def block_sparse_attention(
     The sequence is cut into blocks of ``block_size`` (zero-padded at the end;
     the padding is never attended). The global query blocks attend all T keys.
     Every other query block gathers only its selected key blocks, at most
-    ``K = global + 2 * window + 1 + random`` of them, into one ``(K * block, D)``
+    ``Kb = global + 2 * window + 1 + random`` of them, into one ``(Kb * block, D)``
     tensor and does a single dense product with it, so the cost is
-    O(T * K * block) instead of O(T^2). Self-attention only (T == S).
+    O(T * Kb * block) instead of O(T^2). Self-attention only (T == S).
     """
     B, H, T, S, D = _check_bhtd(q, k, v)
     _check_self_attention("block_sparse_attention", q, k)
@@ -329,19 +344,19 @@ def block_sparse_attention(
     if g < nb:
         rows = pattern[g:]  # (nr, nb) key blocks of each remaining query block
         nr = nb - g
-        K = int(rows.sum(dim=-1).max())
+        Kb = int(rows.sum(dim=-1).max())
         # selected block ids first (stable sort puts True before False), then padding slots
-        order = torch.argsort((~rows).to(torch.int8), dim=-1, stable=True)[:, :K]  # (nr, K)
-        chosen = rows.gather(1, order)  # (nr, K) False for the padding slots
+        order = torch.argsort((~rows).to(torch.int8), dim=-1, stable=True)[:, :Kb]  # (nr, Kb)
+        chosen = rows.gather(1, order)  # (nr, Kb) False for the padding slots
         kp = F.pad(k, (0, 0, 0, Tp - T)).view(B, H, nb, bs, D)  # (B, H, nb, bs, D)
         vp = F.pad(v, (0, 0, 0, Tp - T)).view(B, H, nb, bs, -1)  # (B, H, nb, bs, Dv)
-        kg = kp[:, :, order].reshape(B, H, nr, K * bs, D)  # (B, H, nr, K*bs, D)
-        vg = vp[:, :, order].reshape(B, H, nr, K * bs, -1)  # (B, H, nr, K*bs, Dv)
+        kg = kp[:, :, order].reshape(B, H, nr, Kb * bs, D)  # (B, H, nr, Kb*bs, D)
+        vg = vp[:, :, order].reshape(B, H, nr, Kb * bs, -1)  # (B, H, nr, Kb*bs, Dv)
         qr = F.pad(q, (0, 0, 0, Tp - T)).view(B, H, nb, bs, D)[:, :, g:]  # (B, H, nr, bs, D)
-        key_pos = order[:, :, None] * bs + torch.arange(bs, device=q.device)  # (nr, K, bs)
-        allowed = (chosen[:, :, None] & (key_pos < T)).reshape(nr, 1, K * bs)  # (nr, 1, K*bs)
-        scores = torch.matmul(qr, kg.transpose(-1, -2)) * scale  # (B, H, nr, bs, K*bs)
-        weights = _masked_softmax(scores, allowed)  # (B, H, nr, bs, K*bs)
+        key_pos = order[:, :, None] * bs + torch.arange(bs, device=q.device)  # (nr, Kb, bs)
+        allowed = (chosen[:, :, None] & (key_pos < T)).reshape(nr, 1, Kb * bs)  # (nr, 1, Kb*bs)
+        scores = torch.matmul(qr, kg.transpose(-1, -2)) * scale  # (B, H, nr, bs, Kb*bs)
+        weights = _masked_softmax(scores, allowed)  # (B, H, nr, bs, Kb*bs)
         out_r = torch.matmul(weights, vg)  # (B, H, nr, bs, Dv)
         outs.append(out_r.reshape(B, H, nr * bs, -1))  # (B, H, nr*bs, Dv)
     return torch.cat(outs, dim=2)[:, :, :T]  # (B, H, T, Dv)
@@ -390,19 +405,19 @@ def _linear_attention(
     (Df, Dv+1) matrix, then phi(Q_c) [S | z] for each query chunk.
 
     Causal (T == S), chunk by chunk, carrying [S | z] of the chunks before.
-    Inside a chunk of C positions:
+    Inside a chunk of Cs positions:
 
     * ``"cumsum"``: the states S_i of every position, a cumsum of the outer
-      products phi(k_j) v_j^T plus the carried state; memory O(C * Df * Dv);
+      products phi(k_j) v_j^T plus the carried state; memory O(Cs * Df * Dv);
     * ``"chunkwise"``: phi(q_i)^T S_i = phi(q_i)^T S_carried + sum_{j <= i in
-      the chunk} (phi(q_i) . phi(k_j)) v_j, the second term a (C, C) lower
-      triangle times the chunk's values. The same numbers without building C
-      states: memory O(C * (C + Df + Dv) + Df * Dv), and plain matrix products
+      the chunk} (phi(q_i) . phi(k_j)) v_j, the second term a (Cs, Cs) lower
+      triangle times the chunk's values. The same numbers without building Cs
+      states: memory O(Cs * (Cs + Df + Dv) + Df * Dv), and plain matrix products
       (about 10x faster on a CPU).
     """
     B, H, T, D = q.shape
     S, Dv = k.shape[2], v.shape[-1]
-    ones = v.new_ones(B, H, max(chunk_size, 1), 1)  # (B, H, C, 1)
+    ones = v.new_ones(B, H, max(chunk_size, 1), 1)  # (B, H, Cs, 1)
 
     def with_ones(v_c: torch.Tensor) -> torch.Tensor:
         return torch.cat([v_c, ones[:, :, : v_c.shape[2]]], dim=-1)  # (B, H, c, Dv+1)
@@ -425,19 +440,19 @@ def _linear_attention(
     state = None  # (B, H, Df, Dv+1) prefix sum [S | z] of the chunks before
     for start in range(0, T, chunk_size):
         sl = slice(start, start + chunk_size)
-        fq_c, fk_c, v_c = phi_q(q[:, :, sl]), phi_k(k[:, :, sl]), with_ones(v[:, :, sl])  # (B, H, C, Df), (B, H, C, Dv+1)
+        fq_c, fk_c, v_c = phi_q(q[:, :, sl]), phi_k(k[:, :, sl]), with_ones(v[:, :, sl])  # (B, H, Cs, Df), (B, H, Cs, Dv+1)
         if state is None:
             state = fq_c.new_zeros(B, H, fq_c.shape[-1], Dv + 1)  # (B, H, Df, Dv+1)
         if method == "cumsum":
-            outer = fk_c.unsqueeze(-1) * v_c.unsqueeze(-2)  # (B, H, C, Df, Dv+1)
-            states = outer.cumsum(dim=2) + state.unsqueeze(2)  # (B, H, C, Df, Dv+1) S_i for each i
-            out_c = torch.einsum("bhcf,bhcfe->bhce", fq_c, states)  # (B, H, C, Dv+1)
+            outer = fk_c.unsqueeze(-1) * v_c.unsqueeze(-2)  # (B, H, Cs, Df, Dv+1)
+            states = outer.cumsum(dim=2) + state.unsqueeze(2)  # (B, H, Cs, Df, Dv+1) S_i for each i
+            out_c = torch.einsum("bhcf,bhcfe->bhce", fq_c, states)  # (B, H, Cs, Dv+1)
             state = states[:, :, -1]  # (B, H, Df, Dv+1)
         else:
-            A = torch.matmul(fq_c, fk_c.transpose(-2, -1)).tril()  # (B, H, C, C) phi(q_i).phi(k_j), j <= i
-            out_c = torch.matmul(fq_c, state) + torch.matmul(A, v_c)  # (B, H, C, Dv+1)
+            A = torch.matmul(fq_c, fk_c.transpose(-2, -1)).tril()  # (B, H, Cs, Cs) phi(q_i).phi(k_j), j <= i
+            out_c = torch.matmul(fq_c, state) + torch.matmul(A, v_c)  # (B, H, Cs, Dv+1)
             state = state + torch.matmul(fk_c.transpose(-2, -1), v_c)  # (B, H, Df, Dv+1)
-        outs.append(normalise(out_c))  # (B, H, C, Dv)
+        outs.append(normalise(out_c))  # (B, H, Cs, Dv)
     return torch.cat(outs, dim=2)  # (B, H, T, Dv)
 
 
@@ -673,6 +688,41 @@ def lsh_buckets(x: torch.Tensor, n_buckets: int, n_hashes: int = 1, seed: int = 
     return torch.cat([rotated, -rotated], dim=-1).argmax(dim=-1)  # (B, H, R, T)
 
 
+def _look_back(x: torch.Tensor, fill: float) -> torch.Tensor:
+    """Each chunk of ``x (..., nc, Cs, ...)`` (chunk axis 3) next to the one before it: ``(..., nc, 2Cs, ...)``;
+    chunk 0 gets a "previous" chunk of ``fill``."""
+    prev = torch.cat([torch.full_like(x[:, :, :, :1], fill), x[:, :, :, :-1]], dim=3)
+    return torch.cat([prev, x], dim=4)  # (B, H, R, nc, 2Cs, ...)
+
+
+def _lsh_chunk_mask(pc: torch.Tensor, T: int, causal: bool) -> torch.Tensor:
+    """Reformer's rule for which keys a query of a chunk attends, from the positions ``pc (B, H, R, nc, Cs)``
+    of the sorted, chunked sequence (``T`` marks padding): the keys of its own chunk and of the previous
+    one, never padding, only earlier positions when ``causal``, and never itself unless it has no other
+    key (its query and key are nearly parallel, so self would dominate). Bool ``(B, H, R, nc, Cs, 2Cs)``.
+    :func:`lsh_attention` attends by it and :func:`attended_pairs` draws it."""
+    pq = pc.unsqueeze(-1)  # (B, H, R, nc, Cs, 1)
+    pk = _look_back(pc, T).unsqueeze(-2)  # (B, H, R, nc, 1, 2Cs)
+    allowed = pk < T  # (B, H, R, nc, 1, 2Cs) real keys
+    if causal:
+        allowed = allowed & (pk <= pq)  # (B, H, R, nc, Cs, 2Cs)
+    is_self = pk == pq  # (B, H, R, nc, Cs, 2Cs)
+    others = allowed & ~is_self
+    alone = ~others.any(dim=-1, keepdim=True)  # (B, H, R, nc, Cs, 1) nobody else to attend
+    return others | (allowed & is_self & alone)  # (B, H, R, nc, Cs, 2Cs)
+
+
+def _lsh_sorted_positions(buckets: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stable sort by (bucket, position): the order ``(B, H, R, T)`` and the sorted positions cut into
+    chunks ``(B, H, R, nc, Cs)``, padded with T."""
+    T = buckets.shape[-1]
+    nc = -(-T // chunk_size)
+    pos = torch.arange(T, device=buckets.device)
+    order = torch.argsort(buckets * T + pos, dim=-1)  # (B, H, R, T) sort by bucket, then position
+    spos = F.pad(order, (0, nc * chunk_size - T), value=T)  # (B, H, R, nc*Cs), T marks padding
+    return order, spos.unflatten(-1, (nc, chunk_size))  # (B, H, R, T), (B, H, R, nc, Cs)
+
+
 def lsh_attention(
     qk: torch.Tensor,
     v: torch.Tensor,
@@ -712,55 +762,36 @@ def lsh_attention(
     B, H, T, S, D = _check_bhtd(qk, qk, v)
     if v.shape[2] != T:
         raise ValueError(f"qk {shape_str(qk)} and v {shape_str(v)} must have the same length T")
-    C = check_int("chunk_size", chunk_size, 1)
+    Cs = check_int("chunk_size", chunk_size, 1)
     buckets = lsh_buckets(qk, n_buckets, n_hashes, seed)  # (B, H, R, T)
     R = buckets.shape[2]
     Dv = v.shape[-1]
-    dev = qk.device
-    nc = -(-T // C)
-    Tp = nc * C
+    nc = -(-T // Cs)
+    Tp = nc * Cs
 
-    pos = torch.arange(T, device=dev)
-    order = torch.argsort(buckets * T + pos, dim=-1)  # (B, H, R, T) sort by bucket, then position
+    order, pc = _lsh_sorted_positions(buckets, Cs)  # (B, H, R, T), (B, H, R, nc, Cs)
     sq = qk.unsqueeze(2).expand(B, H, R, T, D).gather(3, order[..., None].expand(B, H, R, T, D))  # (B, H, R, T, D)
     sv = v.unsqueeze(2).expand(B, H, R, T, Dv).gather(3, order[..., None].expand(B, H, R, T, Dv))  # (B, H, R, T, Dv)
-    spos = F.pad(order, (0, Tp - T), value=T)  # (B, H, R, Tp), T marks padding
     sq = F.pad(sq, (0, 0, 0, Tp - T))  # (B, H, R, Tp, D)
     sv = F.pad(sv, (0, 0, 0, Tp - T))  # (B, H, R, Tp, Dv)
     sk = F.normalize(sq, dim=-1)  # (B, H, R, Tp, D) keys: unit length
 
-    qc = sq.view(B, H, R, nc, C, D)  # (B, H, R, nc, C, D)
-    kc = sk.view(B, H, R, nc, C, D)  # (B, H, R, nc, C, D)
-    vc = sv.view(B, H, R, nc, C, Dv)  # (B, H, R, nc, C, Dv)
-    pc = spos.view(B, H, R, nc, C)  # (B, H, R, nc, C)
+    qc = sq.view(B, H, R, nc, Cs, D)  # (B, H, R, nc, Cs, D)
+    kc = sk.view(B, H, R, nc, Cs, D)  # (B, H, R, nc, Cs, D)
+    vc = sv.view(B, H, R, nc, Cs, Dv)  # (B, H, R, nc, Cs, Dv)
 
-    def look_back(x: torch.Tensor, fill: float) -> torch.Tensor:
-        # each chunk next to the one before it; chunk 0 gets a "previous" chunk of padding
-        prev = torch.cat([torch.full_like(x[:, :, :, :1], fill), x[:, :, :, :-1]], dim=3)
-        return torch.cat([prev, x], dim=4)  # (B, H, R, nc, 2C, ...)
+    kw = _look_back(kc, 0.0)  # (B, H, R, nc, 2Cs, D)
+    vw = _look_back(vc, 0.0)  # (B, H, R, nc, 2Cs, Dv)
+    mask = _lsh_chunk_mask(pc, T, causal)  # (B, H, R, nc, Cs, 2Cs)
 
-    kw = look_back(kc, 0.0)  # (B, H, R, nc, 2C, D)
-    vw = look_back(vc, 0.0)  # (B, H, R, nc, 2C, Dv)
-    pk = look_back(pc, T)  # (B, H, R, nc, 2C)
-    pq = pc.unsqueeze(-1)  # (B, H, R, nc, C, 1)
-    pk = pk.unsqueeze(-2)  # (B, H, R, nc, 1, 2C)
-
-    allowed = pk < T  # (B, H, R, nc, 1, 2C) real keys
-    if causal:
-        allowed = allowed & (pk <= pq)  # (B, H, R, nc, C, 2C)
-    is_self = pk == pq  # (B, H, R, nc, C, 2C)
-    others = allowed & ~is_self
-    alone = ~others.any(dim=-1, keepdim=True)  # (B, H, R, nc, C, 1) nobody else to attend
-    mask = others | (allowed & is_self & alone)  # (B, H, R, nc, C, 2C)
-
-    scores = torch.matmul(qc, kw.transpose(-1, -2)) / math.sqrt(D)  # (B, H, R, nc, C, 2C)
-    weights = _masked_softmax(scores, mask)  # (B, H, R, nc, C, 2C)
+    scores = torch.matmul(qc, kw.transpose(-1, -2)) / math.sqrt(D)  # (B, H, R, nc, Cs, 2Cs)
+    weights = _masked_softmax(scores, mask)  # (B, H, R, nc, Cs, 2Cs)
     out = torch.matmul(weights, vw).reshape(B, H, R, Tp, Dv)[:, :, :, :T]  # (B, H, R, T, Dv)
 
     undo = torch.argsort(order, dim=-1)  # (B, H, R, T) inverse permutation
     out = out.gather(3, undo[..., None].expand(B, H, R, T, Dv))  # (B, H, R, T, Dv)
     if R > 1:
-        lse = torch.logsumexp(scores + _blocking_bias(mask, scores.dtype), dim=-1)  # (B, H, R, nc, C)
+        lse = torch.logsumexp(scores + _blocking_bias(mask, scores.dtype), dim=-1)  # (B, H, R, nc, Cs)
         lse = lse.reshape(B, H, R, Tp)[:, :, :, :T].gather(3, undo)  # (B, H, R, T)
         mix = torch.softmax(lse, dim=2)  # (B, H, R, T) weight of each round
         out = (mix.unsqueeze(-1) * out).sum(dim=2)  # (B, H, T, Dv)
@@ -1030,6 +1061,138 @@ def flash_attention_backward(
 # ----------------------------------------------------------------------------- the registry
 
 
+# ----------------------------------------------------------------------------- which pairs each variant scores
+
+
+def _overlap(T: int, size: int, P: int) -> torch.Tensor:
+    """(P, n): the share of each of P equal cells of 0..T that falls in each of the n = ceil(T / size)
+    blocks of ``size`` positions (rows sum to 1)."""
+    edges = torch.arange(P + 1, dtype=torch.float64) * T / P  # (P+1,) cell edges
+    starts = torch.arange(0, T, size, dtype=torch.float64)  # (n,) block starts
+    ends = (starts + size).clamp(max=T)
+    lo = torch.maximum(edges[:-1, None], starts[None, :])
+    hi = torch.minimum(edges[1:, None], ends[None, :])
+    return (hi - lo).clamp(min=0) / (T / P)  # (P, n)
+
+
+def _pool(pairs: torch.Tensor, P: int) -> torch.Tensor:
+    """A bool ``(T, T)`` pattern as the share of attended pairs in each of ``(P, P)`` cells."""
+    return F.adaptive_avg_pool2d(pairs.float()[None], P)[0]  # (P, P)
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """Which (query, key) pairs a variant scores in a self-attention of length T.
+
+    Attributes:
+        pairs: ``pairs(T, window, seed)`` -> bool ``(T, T)``, True where query i scores key j.
+        count: ``count(T, window, seed)`` -> how many pairs, without building ``(T, T)``.
+        picture: ``picture(T, window, P, seed)`` -> float ``(P, P)``, the share of each cell's pairs that
+            are scored (pooling :attr:`pairs`, computed without it where the pattern allows).
+    """
+
+    pairs: Callable[[int, int, int], torch.Tensor]
+    count: Callable[[int, int, int], int]
+    picture: Callable[[int, int, int, int], torch.Tensor]
+
+
+ALL_PAIRS = Pattern(
+    pairs=lambda T, window, seed: torch.ones(T, T, dtype=torch.bool),
+    count=lambda T, window, seed: T * T,
+    picture=lambda T, window, P, seed: torch.ones(P, P),
+)
+"""Exact attention's pattern (and FlashAttention's: every pair, a tile at a time)."""
+
+
+def _window_count(T: int, window: int, seed: int) -> int:
+    i = torch.arange(T)
+    return int(((i + window).clamp(max=T - 1) - (i - window).clamp(min=0) + 1).sum())
+
+
+def _window_picture(T: int, window: int, P: int, seed: int) -> torch.Tensor:
+    if T % P:
+        return _pool(sliding_window_mask(T, window), P)
+    f = T // P  # positions per cell side; the share depends only on the cell diagonal d = b - a
+    delta = torch.arange(-(f - 1), f)  # (2f-1,) j - i within a pair of cells
+    d = torch.arange(-(P - 1), P)[:, None]  # (2P-1, 1)
+    inside = ((d * f + delta).abs() <= window).double()  # (2P-1, 2f-1)
+    share = inside @ (f - delta.abs()).double() / (f * f)  # (2P-1,)
+    a = torch.arange(P)
+    return share[(a[None, :] - a[:, None]) + P - 1].float()  # (P, P)
+
+
+SLIDING_WINDOW_PAIRS = Pattern(
+    pairs=lambda T, window, seed: sliding_window_mask(T, window),
+    count=_window_count,
+    picture=_window_picture,
+)
+"""|i - j| <= window: :func:`sliding_window_attention`'s pattern."""
+
+
+def _bigbird_count(T: int, window: int, seed: int) -> int:
+    nb = -(-T // window)  # block sizes times the block-level pattern
+    sizes = torch.full((nb,), float(window), dtype=torch.float64)
+    sizes[-1] = T - window * (nb - 1)
+    blocks = bigbird_block_pattern(nb).double()  # (nb, nb), the registry's defaults
+    return round(float(sizes @ blocks @ sizes))
+
+
+def _bigbird_picture(T: int, window: int, P: int, seed: int) -> torch.Tensor:
+    A = _overlap(T, window, P)  # (P, nb): pool the block-level pattern, no (T, T) mask needed
+    blocks = bigbird_block_pattern(A.shape[1]).double()  # (nb, nb)
+    return (A @ blocks @ A.T).float()  # (P, P)
+
+
+BIGBIRD_PAIRS = Pattern(
+    pairs=lambda T, window, seed: bigbird_pattern(T, window),
+    count=_bigbird_count,
+    picture=_bigbird_picture,
+)
+"""BigBird with blocks of ``window`` (one window block each side, one global, one random):
+:func:`block_sparse_attention`'s pattern with its defaults, as the registry runs it."""
+
+
+@functools.lru_cache(maxsize=16)
+def _lsh_pair_index(T: int, window: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(query positions, key positions) of the pairs the registry's LSH attention scores on
+    ``make_inputs(T, seed=seed)``, head 0, one hash round (the same rule: :func:`_lsh_chunk_mask`)."""
+    qk = make_inputs(T, seed=seed)[0][:1, :1]  # (1, 1, T, D): head 0 of the shared query/key
+    buckets = lsh_buckets(qk, lsh_n_buckets(T, window), 1, seed=0)  # (1, 1, R=1, T)
+    _, pc = _lsh_sorted_positions(buckets, window)  # (1, 1, 1, nc, Cs)
+    mask = _lsh_chunk_mask(pc, T, causal=False)[0, 0, 0]  # (nc, Cs, 2Cs)
+    pq = pc[0, 0, 0].unsqueeze(-1).expand_as(mask)  # (nc, Cs, 2Cs) query positions
+    pk = _look_back(pc, T)[0, 0, 0].unsqueeze(-2).expand_as(mask)  # (nc, Cs, 2Cs) key positions
+    real = mask & (pq < T)  # padding queries (position T) are dropped, as lsh_attention drops their rows
+    return pq[real], pk[real]
+
+
+def _lsh_pairs(T: int, window: int, seed: int) -> torch.Tensor:
+    pairs = torch.zeros(T, T, dtype=torch.bool)
+    pairs[_lsh_pair_index(T, window, seed)] = True
+    return pairs
+
+
+def _lsh_picture(T: int, window: int, P: int, seed: int) -> torch.Tensor:
+    if T % P:
+        return _pool(_lsh_pairs(T, window, seed), P)
+    f = T // P  # count the pairs in each cell
+    qi, kj = _lsh_pair_index(T, window, seed)
+    counts = torch.bincount((qi // f) * P + kj // f, minlength=P * P)  # (P*P,)
+    return counts.view(P, P).float() / (f * f)  # (P, P)
+
+
+LSH_PAIRS = Pattern(
+    pairs=_lsh_pairs,
+    count=lambda T, window, seed: len(_lsh_pair_index(T, window, seed)[0]),
+    picture=_lsh_picture,
+)
+"""Reformer's data-dependent pairs: head 0's on :func:`make_inputs` ``(T, seed=seed)``, one hash round,
+``T / window`` buckets, chunks of ``window`` (as the registry runs :func:`lsh_attention`)."""
+
+
+# ----------------------------------------------------------------------------- the registry
+
+
 @dataclass(frozen=True)
 class Variant:
     """One way of computing attention, as the explorer, the benchmarks and the report run it.
@@ -1038,20 +1201,25 @@ class Variant:
         name: its key in :data:`REGISTRY`, e.g. ``"sliding window"``.
         exact: gives the numbers of softmax attention (under its pattern, if it has one); the
             approximations (linear, Performer, LSH) do not.
-        scores_pairs: computes (query, key) scores at all; linear attention and Performer never do
-            (keys are summed into a small state).
         window: what the ``window`` argument of :func:`attention_call` means for it (``"window
             half-width"``, ``"block size"``, ...), or ``None`` when it takes none.
         causal: whether it has a causal form (``causal=True``).
         run: ``run(q, k, v, window, causal)`` -> the output ``(B, H, T, Dv)``.
+        pattern: the (query, key) pairs it scores, declared next to ``run`` (:class:`Pattern`); ``None``
+            for linear attention and Performer, which never score a pair (keys are summed into a state).
     """
 
     name: str
     exact: bool
-    scores_pairs: bool
     window: str | None
     causal: bool
     run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, bool], torch.Tensor] = field(repr=False)
+    pattern: Pattern | None = field(repr=False)
+
+    @property
+    def scores_pairs(self) -> bool:
+        """Whether it computes (query, key) scores at all."""
+        return self.pattern is not None
 
 
 NUM_FEATURES = 64  # Performer's random features in the registry
@@ -1084,19 +1252,20 @@ def _lsh(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, causal:
 REGISTRY: dict[str, Variant] = {
     v.name: v
     for v in (
-        Variant("exact", True, True, None, True, _exact),
-        Variant("pytorch", True, True, None, True,
-                lambda q, k, v, window, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal)),
-        Variant("sliding window", True, True, "window half-width", True,
-                lambda q, k, v, window, causal: sliding_window_attention(q, k, v, window, causal=causal)),
-        Variant("block sparse", True, True, "block size", False, _block_sparse),
-        Variant("linear", False, False, None, True,
-                lambda q, k, v, window, causal: linear_attention(q, k, v, causal=causal)),
-        Variant("performer", False, False, None, True,
-                lambda q, k, v, window, causal: performer_attention(q, k, v, NUM_FEATURES, causal=causal)),
-        Variant("LSH", False, True, "chunk size", True, _lsh),
-        Variant("flash", True, True, "tile size", True,
-                lambda q, k, v, window, causal: flash_attention(q, k, v, causal=causal, block_size=window)),
+        Variant("exact", True, None, True, _exact, ALL_PAIRS),
+        Variant("pytorch", True, None, True,
+                lambda q, k, v, window, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal), ALL_PAIRS),
+        Variant("sliding window", True, "window half-width", True,
+                lambda q, k, v, window, causal: sliding_window_attention(q, k, v, window, causal=causal),
+                SLIDING_WINDOW_PAIRS),
+        Variant("block sparse", True, "block size", False, _block_sparse, BIGBIRD_PAIRS),
+        Variant("linear", False, None, True,
+                lambda q, k, v, window, causal: linear_attention(q, k, v, causal=causal), None),
+        Variant("performer", False, None, True,
+                lambda q, k, v, window, causal: performer_attention(q, k, v, NUM_FEATURES, causal=causal), None),
+        Variant("LSH", False, "chunk size", True, _lsh, LSH_PAIRS),
+        Variant("flash", True, "tile size", True,
+                lambda q, k, v, window, causal: flash_attention(q, k, v, causal=causal, block_size=window), ALL_PAIRS),
     )
 }
 """Every attention variant by name: ``"exact"`` (:func:`attnbook.scaled_dot_product_attention`, which
@@ -1106,6 +1275,8 @@ as the references, then the variants of this module."""
 
 def variant(name: str) -> Variant:
     """The :class:`Variant` called ``name``; a ``ValueError`` names the known ones."""
+    if not isinstance(name, str):
+        raise TypeError(f"variant name must be a str, got {type(name).__name__}")
     if name not in REGISTRY:
         raise ValueError(f"variant must be one of {tuple(REGISTRY)}, got {name!r}")
     return REGISTRY[name]
@@ -1122,14 +1293,87 @@ def attention_call(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return lambda: run(q, k, v, window, causal)
 
 
-def make_inputs(T: int, *, B: int = 1, H: int = 2, D: int = 32, seed: int = 0,
+def make_inputs(seq_len: int, *, batch_size: int = 1, num_heads: int = 2, head_dim: int = 32, seed: int = 0,
                 dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The inputs the variants are compared on: random q, k, v, each ``(B, H, T, D)``, from a
-    generator seeded with ``seed`` (the same seed, the same tensors), in ``dtype`` (default: torch's
-    default dtype)."""
+    """The inputs the variants are compared on: random q, k, v, each ``(B, H, T, D)`` = ``(batch_size,
+    num_heads, seq_len, head_dim)``, from a generator seeded with ``seed`` (the same seed, the same
+    tensors), in ``dtype`` (default: torch's default dtype)."""
+    sizes = [check_int(name, val) for name, val in (("batch_size", batch_size), ("num_heads", num_heads),
+                                                     ("seq_len", seq_len), ("head_dim", head_dim))]
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=dtype) for _ in range(3))
+    q, k, v = (torch.randn(*sizes, generator=g, dtype=dtype) for _ in range(3))  # (B, H, T, D) each
     return q, k, v
+
+
+def attended_pairs(name: str, T: int, window: int = 64, *, seed: int = 0) -> torch.Tensor | None:
+    """Bool ``(T, T)``, True where query i scores key j under variant ``name`` (its :class:`Pattern`);
+    ``None`` for ``"linear"`` and ``"performer"``, which never score a pair. LSH's pairs depend on the
+    data: these are head 0's on ``make_inputs(T, seed=seed)``, one hash round."""
+    pattern = variant(name).pattern
+    T, window = check_int("T", T), check_int("window", window)
+    return None if pattern is None else pattern.pairs(T, window, seed)
+
+
+def pair_share(name: str, T: int, window: int = 64, *, seed: int = 0) -> float | None:
+    """The share of the T * T (query, key) pairs that variant ``name`` scores; ``None`` for
+    ``"linear"`` and ``"performer"``."""
+    pattern = variant(name).pattern
+    T, window = check_int("T", T), check_int("window", window)
+    return None if pattern is None else pattern.count(T, window, seed) / (T * T)
+
+
+def pair_picture(name: str, T: int, window: int = 64, resolution: int = 128, *, seed: int = 0) -> torch.Tensor:
+    """Float ``(P, P)``, P = min(resolution, T): the share of the (query, key) pairs in each cell that
+    variant ``name`` scores (the pattern itself when P == T); all NaN for ``"linear"`` and ``"performer"``.
+    Computed without building the ``(T, T)`` pattern where it can be (it equals pooling
+    :func:`attended_pairs`)."""
+    pattern = variant(name).pattern
+    T, window = check_int("T", T), check_int("window", window)
+    P = min(check_int("resolution", resolution), T)
+    if pattern is None:
+        return torch.full((P, P), float("nan"))
+    return _cached_picture(name, T, window, P, seed).clone()
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_picture(name: str, T: int, window: int, P: int, seed: int) -> torch.Tensor:
+    pattern = REGISTRY[name].pattern
+    assert pattern is not None
+    return pattern.picture(T, window, P, seed)
+
+
+def cost_key(name: str, T: int, window: int) -> tuple:
+    """The key of a measurement: ``(name, T, window)``, window ``None`` for the variants that take
+    none (exact, pytorch, linear, performer)."""
+    return (name, T, window if variant(name).window is not None else None)
+
+
+def measure_costs(
+    names: Sequence[str],
+    t_values: Sequence[int],
+    window: int = 64,
+    *,
+    rounds: int = 3,
+    memory: bool = True,
+    threads: int | None = 1,
+    seed: int = 0,
+    batch_size: int = 1,
+    num_heads: int = 2,
+    head_dim: int = 32,
+) -> dict[tuple, dict]:
+    """Time (and track the memory of) each variant in ``names`` at each T, on ``make_inputs(T)``:
+    :func:`attnbook.measure.cost_curves` of :func:`attention_call`. Returns ``{cost_key(name, T,
+    window): {"time_s", "peak_bytes", "largest_bytes"}}`` (no memory keys with ``memory=False``). All
+    variants of one T are timed together, interleaved, with ``threads`` torch threads (default 1, as
+    ``bench/``: steadier on a shared machine; ``None`` keeps the current setting; restored afterwards)."""
+    for name in names:
+        variant(name)
+
+    def calls_at(T: int) -> dict[tuple, Any]:
+        q, k, v = make_inputs(T, batch_size=batch_size, num_heads=num_heads, head_dim=head_dim, seed=seed)
+        return {cost_key(name, T, window): attention_call(name, q, k, v, window) for name in names}
+
+    return cost_curves(calls_at, t_values, rounds=rounds, memory=memory, threads=threads)
 
 
 # ----------------------------------------------------------------------------- linear attention with decay
@@ -1191,8 +1435,8 @@ def decayed_linear_attention(
     * ``"recurrent"``: the RNN above, one position at a time, O(T D Dv) and a state of fixed size
       (a Python loop: slow, but what a decoder does per generated token);
     * ``"chunkwise"`` (default): ``chunk_size`` positions at a time, parallel inside a chunk and recurrent
-      between chunks: out = gamma^(r+1) phi(q_r)^T S_carried + the chunk's own decayed (C, C) block, and
-      S_carried <- gamma^C S_carried + sum_j gamma^(C-1-j) phi(k_j) v_j^T; O(T C D) time.
+      between chunks: out = gamma^(r+1) phi(q_r)^T S_carried + the chunk's own decayed (Cs, Cs) block, and
+      S_carried <- gamma^Cs S_carried + sum_j gamma^(Cs-1-j) phi(k_j) v_j^T; O(T Cs D) time.
     """
     B, H, T, S, D = _check_bhtd(q, k, v)
     _check_causal_lengths("decayed_linear_attention", q, k, True)
@@ -1224,13 +1468,13 @@ def decayed_linear_attention(
     outs = []
     for start in range(0, T, chunk_size):
         sl = slice(start, start + chunk_size)
-        fq_c, fk_c, v_c = fq[:, :, sl], fk[:, :, sl], v1[:, :, sl]  # (B, H, C, D), (B, H, C, Dv+1)
-        C = fq_c.shape[2]
-        r = torch.arange(C, device=q.device, dtype=q.dtype)  # (C,)
-        into = torch.exp(log_g * (r[:, None] + 1))  # (1, H, C, 1) gamma^(r+1): the carried state's weight
-        out_c = into * torch.matmul(fq_c, state)  # (B, H, C, Dv+1)
-        A = torch.matmul(fq_c, fk_c.transpose(-2, -1)) * _decay_matrix(log_g, C)  # (B, H, C, C)
-        outs.append(normalise(out_c + torch.matmul(A, v_c)))  # (B, H, C, Dv)
-        out_of = torch.exp(log_g * (C - 1 - r)[:, None])  # (1, H, C, 1) gamma^(C-1-j): key j at chunk end
-        state = torch.exp(log_g * C) * state + torch.matmul((fk_c * out_of).transpose(-2, -1), v_c)
+        fq_c, fk_c, v_c = fq[:, :, sl], fk[:, :, sl], v1[:, :, sl]  # (B, H, Cs, D), (B, H, Cs, Dv+1)
+        Cs = fq_c.shape[2]
+        r = torch.arange(Cs, device=q.device, dtype=q.dtype)  # (Cs,)
+        into = torch.exp(log_g * (r[:, None] + 1))  # (1, H, Cs, 1) gamma^(r+1): the carried state's weight
+        out_c = into * torch.matmul(fq_c, state)  # (B, H, Cs, Dv+1)
+        A = torch.matmul(fq_c, fk_c.transpose(-2, -1)) * _decay_matrix(log_g, Cs)  # (B, H, Cs, Cs)
+        outs.append(normalise(out_c + torch.matmul(A, v_c)))  # (B, H, Cs, Dv)
+        out_of = torch.exp(log_g * (Cs - 1 - r)[:, None])  # (1, H, Cs, 1) gamma^(Cs-1-j): key j at chunk end
+        state = torch.exp(log_g * Cs) * state + torch.matmul((fk_c * out_of).transpose(-2, -1), v_c)
     return torch.cat(outs, dim=2)  # (B, H, T, Dv)

@@ -18,19 +18,24 @@ measures what each step writes.
 
 How much memory, counted for a whole model: :func:`kv_cache_bytes_per_token`
 and :func:`kv_cache_bytes` (defaults: :data:`MODEL_7B`, the shape of the
-7B-class models of 2023-24).
+7B-class models of 2023-24). How long one decoding step's attention takes over
+such a cache, with fewer key/value heads (GQA, MQA): :func:`decode_inputs` and
+:func:`measure_decode`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TypedDict
 
 import torch
 
 from ._checks import check_int, shape_str
+from .measure import time_calls
+from .mha import grouped_decode_attention, valid_kv_heads
 
 __all__ = ["KVCache", "StaticKVCache", "copied_bytes_per_step", "kv_cache_bytes_per_token", "kv_cache_bytes", "MODEL_7B",
-           "ModelShape"]
+           "ModelShape", "BENCH_DIVISOR", "decode_inputs", "decode_key", "measure_decode"]
 
 
 class ModelShape(TypedDict):
@@ -43,6 +48,9 @@ class ModelShape(TypedDict):
 
 # a 7B-class model of 2023-24 (Llama 2 7B, Mistral 7B): 32 layers of head dim 128, keys and values in float16
 MODEL_7B: ModelShape = {"num_layers": 32, "head_dim": 128, "dtype": torch.float16}
+
+BENCH_DIVISOR = 8
+""":func:`measure_decode` times a step over S / 8 cached keys: the same shape of cost, a lighter machine load."""
 
 
 def _check_new(cache: KVCache, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -204,3 +212,54 @@ def kv_cache_bytes(num_kv_heads: int, seq_len: int, *, batch: int = 1, num_layer
     for name, val in (("num_kv_heads", num_kv_heads), ("seq_len", seq_len), ("batch", batch)):
         check_int(name, val)
     return batch * seq_len * kv_cache_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+
+
+# ----------------------------------------------------------------------------- timing a decoding step
+
+
+def decode_inputs(num_heads: int, num_kv_heads: int, seq_len: int, head_dim: int = MODEL_7B["head_dim"], *,
+                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decoding step's tensors: ``q (1, H, 1, D)`` and cached ``k, v (1, Hkv, S, D)``,
+    random normal from a generator seeded with ``seed``."""
+    if num_kv_heads not in valid_kv_heads(num_heads):
+        raise ValueError(f"num_kv_heads={num_kv_heads} must divide num_heads={num_heads}")
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, num_heads, 1, head_dim, generator=g)  # (1, H, 1, D)
+    k = torch.randn(1, num_kv_heads, seq_len, head_dim, generator=g)  # (1, Hkv, S, D)
+    v = torch.randn(1, num_kv_heads, seq_len, head_dim, generator=g)  # (1, Hkv, S, D)
+    return q.to(device=device, dtype=dtype), k.to(device=device, dtype=dtype), v.to(device=device, dtype=dtype)
+
+
+def decode_key(num_heads: int, num_kv_heads: int, bench_len: int, device: str = "cpu") -> tuple:
+    """The key of one timing: ``(H, Hkv, cached keys timed, device)``."""
+    return (num_heads, num_kv_heads, bench_len, str(device))
+
+
+def measure_decode(num_heads: int, seq_len: int, kv_options: Sequence[int] | None = None, *,
+                   head_dim: int = MODEL_7B["head_dim"], device: str | torch.device = "cpu", rounds: int = 5,
+                   threads: int | None = 1, seed: int = 0) -> dict[tuple, float]:
+    """Seconds for one decoding step's attention (:func:`attnbook.mha.grouped_decode_attention`,
+    one query per head over ``seq_len // BENCH_DIVISOR`` cached keys, float32) for
+    each number of key/value heads in ``kv_options`` (default: every distinct
+    divisor of ``num_heads``, largest first). The options are timed together,
+    interleaved, fastest of ``rounds`` (:func:`attnbook.measure.time_calls`, which synchronises the
+    device), with ``threads`` torch threads on a CPU (restored afterwards).
+    Returns ``{decode_key(H, Hkv, seq_len // BENCH_DIVISOR, device): seconds}``."""
+    check_int("seq_len", seq_len)
+    if kv_options is None:
+        kv_options = valid_kv_heads(num_heads)[::-1]
+    bench_len = max(1, seq_len // BENCH_DIVISOR)
+    device = str(device)
+    calls = {}
+    for hkv in kv_options:
+        q, k, v = decode_inputs(num_heads, hkv, bench_len, head_dim, device=device, seed=seed)
+        calls[hkv] = lambda q=q, k=k, v=v: grouped_decode_attention(q, k, v)
+    before = torch.get_num_threads()
+    if threads is not None and device == "cpu":
+        torch.set_num_threads(threads)
+    try:
+        times = time_calls(calls, rounds, device=device)
+    finally:
+        torch.set_num_threads(before)
+    return {decode_key(num_heads, hkv, bench_len, device): t for hkv, t in times.items()}

@@ -50,6 +50,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ._checks import check_int
+
 __all__ = [
     "cpu_model",
     "machine_summary",
@@ -130,8 +132,7 @@ def time_samples(
     (its cost dwarfs the noise); ``slow_s=None`` times every call in every round. With a CUDA or MPS
     ``device`` the device is synchronised before the clock starts and before it stops.
     """
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds!r}")
+    check_int("rounds", rounds)
     samples: dict[K, list[float]] = {name: [] for name in calls}
     slow = set()
     with torch.no_grad():

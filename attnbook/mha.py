@@ -34,7 +34,7 @@ from .core import check_mask, scaled_dot_product_attention
 if TYPE_CHECKING:
     from .kvcache import KVCache
 
-__all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "grouped_decode_attention"]
+__all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "grouped_decode_attention", "valid_kv_heads"]
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -281,3 +281,10 @@ def grouped_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
     scores = qg @ k.transpose(-2, -1) / math.sqrt(D)  # (B, Hkv, G*T, S)
     out = torch.softmax(scores, dim=-1) @ v  # (B, Hkv, G*T, D)
     return out.reshape(B, H, T, D)  # (B, H, T, D)
+
+
+def valid_kv_heads(num_heads: int) -> list[int]:
+    """The numbers of key/value heads ``attnbook.MultiHeadAttention`` accepts for
+    ``num_heads`` query heads: the divisors of ``num_heads``, smallest first."""
+    check_int("num_heads", num_heads)
+    return [h for h in range(1, num_heads + 1) if num_heads % h == 0]

@@ -373,7 +373,7 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor | Sequence[float] | No
             f"positions of shape {tuple(positions.shape)} must be (T,) = ({T},) or broadcast to "
             f"x.shape[:-1] = {tuple(x.shape[:-1])}"
         )
-    inv_freq = torch.exp(-math.log(base) * torch.arange(0, D, 2, dtype=torch.float64, device=x.device) / D)  # (D/2,)
+    inv_freq = _inverse_frequencies(D, base, torch.float64, x.device)  # (D/2,)
     angles = positions.to(torch.float64)[..., None] * inv_freq  # (..., T, D/2)
     cos, sin = torch.cos(angles).to(work), torch.sin(angles).to(work)  # (..., T, D/2)
     xw = x.to(work)

@@ -54,6 +54,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
 from . import masks as _masks
+from ._checks import check_int, shape_str
 from .kvcache import KVCache
 from .positional import alibi_slopes, apply_rotary
 
@@ -184,10 +185,6 @@ class AttentionReport:
 # ---------------------------------------------------------------------------
 
 
-def _shape(t: torch.Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in t.shape) + ")"
-
-
 def _bound(tol: float) -> str:
     return f"{tol:.0e}".replace("e-0", "e-")
 
@@ -267,37 +264,77 @@ def _causal(T: int, S: int, alignment: str) -> torch.Tensor:
 # ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Options:
+    """What the caller of :func:`check_attention` declared (validated once, read by every check)."""
+
+    causal: bool | str | None = None
+    mask_convention: str | Callable[[torch.Tensor], torch.Tensor] = "allowed"
+    groups: int = 1
+    rope: str | None = None
+    rope_base: float = 10000.0
+    alibi: bool = False
+    call: Callable[..., Any] | None = None
+    cache: bool | Callable[[], Any] | None = None
+    dtype: torch.dtype = torch.float64
+    tolerance: float | None = None
+    seed: int = 0
+
+    def validate(self, fn: Callable[..., Any]) -> None:
+        """TypeError for an option of the wrong type, ValueError for one of the right type that makes no sense."""
+        if not callable(fn):
+            raise TypeError(f"fn must be a function or an nn.Module, got {type(fn).__name__}")
+        if self.causal not in (None, True, False) and self.causal not in _ALIGNMENTS:
+            raise ValueError(f"causal must be None, True, 'top-left' or 'bottom-right', got {self.causal!r}")
+        if not (callable(self.mask_convention) or self.mask_convention in MASK_CONVENTIONS):
+            raise ValueError(f"mask_convention must be one of {MASK_CONVENTIONS} or a callable, "
+                             f"got {self.mask_convention!r}")
+        check_int("groups (query heads per key/value head)", self.groups)
+        if self.rope is not None and self.rope not in _PAIRINGS:
+            raise ValueError(f"rope must be None, 'interleaved' or 'half-split', got {self.rope!r}")
+        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, (int, float)):
+            raise TypeError(f"rope_base must be a number, got {self.rope_base!r}")
+        if not self.rope_base > 1:
+            raise ValueError(f"rope_base must be > 1, got {self.rope_base!r}")
+        if not isinstance(self.dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {self.dtype!r}")
+        if self.dtype not in (torch.float64, torch.float32):
+            raise ValueError(f"dtype must be torch.float64 or torch.float32 (half precision has its own check), "
+                             f"got {self.dtype!r}")
+        if self.tolerance is not None:
+            if isinstance(self.tolerance, bool) or not isinstance(self.tolerance, (int, float)):
+                raise TypeError(f"tolerance must be a number, got {self.tolerance!r}")
+            if not self.tolerance > 0:
+                raise ValueError(f"tolerance must be positive, got {self.tolerance!r}")
+        check_int("seed", self.seed, 0)
+        if self.call is not None and not callable(self.call):
+            raise TypeError(f"call must be a callable, got {type(self.call).__name__}")
+        if isinstance(fn, nn.Module):
+            for name, val in (("rope", self.rope), ("alibi", self.alibi or None),
+                              ("groups", self.groups if self.groups != 1 else None)):
+                if val is not None:
+                    raise ValueError(f"{name}= describes a function; a module's heads and positions are its own "
+                                     f"(got {name}={val!r})")
+
+
 class _Checker:
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        *,
-        causal: bool | str | None,
-        mask_convention: str | Callable[[torch.Tensor], torch.Tensor],
-        groups: int,
-        rope: str | None,
-        rope_base: float,
-        alibi: bool,
-        call: Callable[..., Any] | None,
-        cache: bool | Callable[[], Any] | None,
-        dtype: torch.dtype,
-        tol: float,
-        seed: int,
-    ) -> None:
+    def __init__(self, fn: Callable[..., Any], options: _Options) -> None:
         self.fn = fn
         self.is_module = isinstance(fn, nn.Module)
+        causal = None if options.causal is False else options.causal
         self.causal = causal
         self.alignment = causal if isinstance(causal, str) else None  # the declared one
-        self.mask_convention = mask_convention
-        self.padding_only = isinstance(mask_convention, str) and mask_convention in _PADDING_ONLY
-        self.groups = groups
-        self.rope = rope
-        self.rope_base = rope_base
-        self.alibi = alibi
-        self.call = call
-        self.dtype = dtype
-        self.tol = tol
-        self.seed = seed
+        self.mask_convention = options.mask_convention
+        self.padding_only = isinstance(self.mask_convention, str) and self.mask_convention in _PADDING_ONLY
+        self.groups = options.groups
+        self.rope = options.rope
+        self.rope_base = float(options.rope_base)
+        self.alibi = bool(options.alibi)
+        self.call = options.call
+        self.dtype = options.dtype
+        self.tol = _TOLERANCES[self.dtype] if options.tolerance is None else float(options.tolerance)
+        self.seed = options.seed
+        cache = options.cache
         # conventions measured by their own invariant, used by the other diagnostic checks
         self.measured_alignment: str | None = None
         self.measured_pairing: str | None = None
@@ -305,7 +342,7 @@ class _Checker:
         self._alibi_cache: dict[int, torch.Tensor] = {}
         self.spec: _Spec | None = None
         if isinstance(fn, nn.Module):
-            self.module: nn.Module = copy.deepcopy(fn).to(dtype).eval()
+            self.module: nn.Module = copy.deepcopy(fn).to(self.dtype).eval()
             self.spec = _module_spec(self.module)
             self.cache_factory = self._cache_factory(cache)
 
@@ -373,7 +410,7 @@ class _Checker:
             res = self.fn(q, k, v, mask=m)
         out, w = _split_result(res, "fn")
         if out.shape != q.shape[:-1] + v.shape[-1:]:
-            raise _OutputShapeError(f"output {_shape(out)} for q {_shape(q)}, v {_shape(v)}: expected (B, H, T, D) "
+            raise _OutputShapeError(f"output {shape_str(out)} for q {shape_str(q)}, v {shape_str(v)}: expected (B, H, T, D) "
                              f"= {tuple(q.shape[:-1] + v.shape[-1:])}")
         return out, w
 
@@ -399,7 +436,7 @@ class _Checker:
             res = module(x, **kwargs) if memory is None else module(x, memory, memory, **kwargs)
         out, w = _split_result(res, "the module")
         if out.shape != x.shape:
-            raise _OutputShapeError(f"output {_shape(out)} for x {_shape(x)}: expected (B, T, E) = {tuple(x.shape)}")
+            raise _OutputShapeError(f"output {shape_str(out)} for x {shape_str(x)}: expected (B, T, E) = {tuple(x.shape)}")
         return out, w
 
     # -- references ----------------------------------------------------------
@@ -632,7 +669,7 @@ def _check_weights(c: _Checker) -> _Outcome:
         if w is None:
             return _na("the module returns no weights")
         if w.shape[-2:] != (T, T):
-            return "violated", f"weights {_shape(w)}, expected (..., T, S) = (..., {T}, {T})", math.inf, tol
+            return "violated", f"weights {shape_str(w)}, expected (..., T, S) = (..., {T}, {T})", math.inf, tol
         err = _maxdiff(w.sum(-1), torch.ones(()))
         return _held_or_violated(err, tol, "max |row sum - 1|")
     B, H, T, S, D = 2, 3 * c.groups, 6, 6, 6  # T != S is the first line's business
@@ -643,7 +680,7 @@ def _check_weights(c: _Checker) -> _Outcome:
     if w is None:
         return _na("the function returns no weights")
     if w.shape != (B, H, T, S):
-        return "violated", f"weights {_shape(w)}, expected (B, H, T, S) = {(B, H, T, S)}", math.inf, tol
+        return "violated", f"weights {shape_str(w)}, expected (B, H, T, S) = {(B, H, T, S)}", math.inf, tol
     w64 = w.to(torch.float64)
     row_err = _maxdiff(w64.sum(-1), torch.ones(()))
     # which value head a query head reads is the heads check's business: take the closest one
@@ -1131,46 +1168,6 @@ def _subject(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", getattr(fn, "__name__", type(fn).__name__))
 
 
-def _validate(
-    fn: Callable[..., Any],
-    causal: bool | str | None,
-    mask_convention: str | Callable[[torch.Tensor], torch.Tensor],
-    groups: int,
-    rope: str | None,
-    rope_base: float,
-    alibi: bool,
-    call: Callable[..., Any] | None,
-    dtype: torch.dtype,
-    tol: float | None,
-    seed: int,
-) -> None:
-    if not callable(fn):
-        raise TypeError(f"fn must be a function or an nn.Module, got {type(fn).__name__}")
-    if causal not in (None, True, False) and causal not in _ALIGNMENTS:
-        raise ValueError(f"causal must be None, True, 'top-left' or 'bottom-right', got {causal!r}")
-    if not (callable(mask_convention) or mask_convention in MASK_CONVENTIONS):
-        raise ValueError(f"mask_convention must be one of {MASK_CONVENTIONS} or a callable, got {mask_convention!r}")
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise ValueError(f"groups (query heads per key/value head) must be an int >= 1, got {groups!r}")
-    if rope is not None and rope not in _PAIRINGS:
-        raise ValueError(f"rope must be None, 'interleaved' or 'half-split', got {rope!r}")
-    if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)) or not rope_base > 1:
-        raise ValueError(f"rope_base must be a number > 1, got {rope_base!r}")
-    if not isinstance(dtype, torch.dtype) or dtype not in (torch.float64, torch.float32):
-        raise TypeError(f"dtype must be torch.float64 or torch.float32 (half precision has its own check), got {dtype!r}")
-    if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0):
-        raise ValueError(f"tolerance must be a positive number, got {tol!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-    if call is not None and not callable(call):
-        raise TypeError(f"call must be a callable, got {type(call).__name__}")
-    if isinstance(fn, nn.Module):
-        for name, val in (("rope", rope), ("alibi", alibi or None), ("groups", groups if groups != 1 else None)):
-            if val is not None:
-                raise ValueError(f"{name}= describes a function; a module's heads and positions are its own "
-                                 f"(got {name}={val!r})")
-
-
 def check_attention(
     fn: Callable[..., Any],
     *,
@@ -1230,12 +1227,10 @@ def check_attention(
         TypeError, ValueError: for options that make no sense, or when ``fn`` fails on the simplest input (one
         batch, T = S, no mask), which means the calling convention is not the one declared.
     """
-    _validate(fn, causal, mask_convention, groups, rope, rope_base, alibi, call, dtype, tolerance, seed)
-    causal = None if causal is False else causal
-    tol = _TOLERANCES[dtype] if tolerance is None else float(tolerance)
-    c = _Checker(fn, causal=causal, mask_convention=mask_convention, groups=groups, rope=rope,
-                 rope_base=float(rope_base), alibi=bool(alibi), call=call, cache=cache, dtype=dtype, tol=tol,
-                 seed=seed)
+    options = _Options(causal, mask_convention, groups, rope, rope_base, alibi, call, cache, dtype, tolerance, seed)
+    options.validate(fn)
+    c = _Checker(fn, options)
+    tol = c.tol
     results: dict[str, InvariantResult] = {}
     # the inputs come from their own generators; the global one (dropout, if any) is seeded here and
     # restored afterwards, so the report does not depend on what ran before
@@ -1260,10 +1255,10 @@ def _smoke(c: _Checker) -> None:
     g = c.gen(0)
     if c.is_module:
         x = c.randn(g, 1, 4, c.width())
-        shapes = f"x {_shape(x)}"
+        shapes = f"x {shape_str(x)}"
     else:
         q, k, v = c.qkv(g, 1, 2 * c.groups, 4, 4, 8)
-        shapes = f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)} without a mask"
+        shapes = f"q {shape_str(q)}, k {shape_str(k)}, v {shape_str(v)} without a mask"
     try:
         with torch.no_grad():
             c.run_module(x) if c.is_module else c.run_fn(q, k, v)

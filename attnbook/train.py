@@ -15,8 +15,10 @@ needs ``source_attention(src, tgt) -> [weights (B, H, L, S) per layer]``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,9 +29,24 @@ from tqdm.auto import tqdm
 
 from ._checks import check_int
 from ._compat import default_device
-from .tasks import Task
+from .tasks import Seq2SeqTransformer, Task
 
-__all__ = ["History", "Alignment", "fit", "evaluate", "predict", "attention_alignment"]
+__all__ = ["History", "Alignment", "TaskAttention", "eval_mode", "fit", "evaluate", "predict", "attention_alignment",
+           "run_with_attention", "check_seq2seq"]
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``with eval_mode(model):`` runs the block with ``model.eval()`` (no dropout) and then puts back the
+    training flag the model had, even when the block raises."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 @dataclass
@@ -112,12 +129,8 @@ def predict(model: nn.Module, task: Task, src: torch.Tensor) -> torch.Tensor:
     _check_task(task)
     task.check_src(src)
     L = task.tgt_len + 1
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         out = _toy(model).generate(src.to(_model_device(model)), L)  # (B, <= L)
-    finally:
-        model.train(was_training)
     if out.shape[1] < L:
         pad = torch.full((out.shape[0], L - out.shape[1]), task.vocab.pad_id, dtype=out.dtype, device=out.device)
         out = torch.cat([out, pad], dim=1)  # (B, L)
@@ -264,13 +277,9 @@ def attention_alignment(model: nn.Module, task: Task, n: int = 256, seed: int = 
     rows = expected.sum(-1) > 0  # (B, L): target tokens with an expected position
     if not bool(rows.any()):
         raise ValueError(f"task {task.name!r} has no expected source positions to score")
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         device = _model_device(model)
         per_layer = _toy(model).source_attention(src.to(device), tgt.to(device))  # [(B, H, L, S)]
-    finally:
-        model.train(was_training)
     shares = []
     for w in per_layer:
         on_target = (w.cpu().float() * expected[:, None]).sum(-1)  # (B, H, L)
@@ -279,3 +288,97 @@ def attention_alignment(model: nn.Module, task: Task, n: int = 256, seed: int = 
     best = int(scores.argmax())
     layer, head = divmod(best, scores.shape[1])
     return Alignment(scores, layer, head, float(scores[layer, head]))
+
+
+# ----------------------------------------------------------------------------- one input, every map
+
+
+def _short(token: str) -> str:
+    """``"<eos>"`` -> ``"eos"``: special tokens without brackets, so tick labels stay narrow."""
+    return token[1:-1] if token.startswith("<") and token.endswith(">") else token
+
+
+@dataclass
+class TaskAttention:
+    """One input run through a trained seq2seq model, with every attention map.
+
+    Attributes:
+        task: the task.
+        source: the input text, e.g. ``"123+456"``.
+        src: ``(1, S)`` its token ids.
+        output: ``(1, L)`` what the model wrote (greedy, PAD after its EOS).
+        target: ``(1, L)`` the correct answer (``task.solve``).
+        weights: ``{"encoder" | "decoder_self" | "decoder_cross": [(H, T, K) per layer]}``.
+        labels: for each kind, ``(query labels (T,), key labels (K,))``.
+    """
+
+    task: Task
+    source: str
+    src: torch.Tensor
+    output: torch.Tensor
+    target: torch.Tensor
+    weights: dict[str, list[torch.Tensor]]
+    labels: dict[str, tuple[list[str], list[str]]]
+
+    @property
+    def prediction(self) -> str:
+        """What the model wrote, as text (up to its EOS)."""
+        text = self.task.decode(self.output[0])  # (L,) -> one string
+        assert isinstance(text, str)
+        return text
+
+    @property
+    def correct(self) -> bool:
+        """Every answer token and the final EOS right."""
+        return bool(torch.equal(self.output, self.target))
+
+    def pretty(self, which: str = "output") -> str:
+        """``task.pretty`` of the source with the model's ``"output"`` or the correct ``"target"``."""
+        return self.task.pretty(self.src, self.output if which == "output" else self.target)[0]
+
+    def alignment_shares(self, layer: int = 0) -> torch.Tensor:
+        """``(H,)``: per head, the mean share of cross-attention (layer ``layer``)
+        on the expected source positions (:meth:`attnbook.tasks.Task.alignment_targets`),
+        over the output tokens that have one: one input's version of
+        :func:`attnbook.train.attention_alignment`."""
+        expected = self.task.alignment_targets(self.src, self.target)[0].float()  # (L, S)
+        rows = expected.sum(-1) > 0  # (L,)
+        w = self.weights["decoder_cross"][layer]  # (H, L, S)
+        on_target = (w * expected).sum(-1)  # (H, L)
+        return on_target[:, rows].mean(-1)  # (H,)
+
+
+def check_seq2seq(name: str, model: object) -> None:
+    """TypeError unless ``model`` is a :class:`attnbook.tasks.Seq2SeqTransformer` (which has encoder,
+    decoder and cross-attention maps)."""
+    if not isinstance(model, Seq2SeqTransformer):
+        raise TypeError(
+            f"{name}: the explorer shows encoder, decoder and cross-attention, so it needs an "
+            f"attnbook.tasks.Seq2SeqTransformer, got {type(model).__name__}"
+        )
+
+
+@torch.no_grad()
+def run_with_attention(model: Seq2SeqTransformer, task: Task, text: str) -> TaskAttention:
+    """Encode ``text``, let ``model`` write its answer greedily, and collect the
+    attention weights of every block while the decoder reads its own output."""
+    check_seq2seq("model", model)
+    if not isinstance(task, Task):
+        raise TypeError(f"task must be an attnbook.tasks.Task, got {type(task).__name__}")
+    src = task.encode(text)  # (1, S)
+    output = predict(model, task, src).cpu()  # (1, L)
+    tgt_in = task.vocab.shift_right(output)  # (1, L): BOS, then the output shifted right
+    device = _model_device(model)
+    with eval_mode(model):
+        _, attn = model(src.to(device), tgt_in.to(device), need_weights=True)
+    weights = {kind: [w[0].float().cpu() for w in per_layer] for kind, per_layer in attn.items()}  # (H, T, K) each
+    tokens = task.vocab.tokens
+    src_labels = [tokens[i] for i in src[0].tolist()]
+    out_labels = [_short(tokens[i]) for i in output[0].tolist()]
+    in_labels = [_short(tokens[i]) for i in tgt_in[0].tolist()]
+    labels = {
+        "encoder": (src_labels, src_labels),
+        "decoder_self": (out_labels, in_labels),
+        "decoder_cross": (out_labels, src_labels),
+    }
+    return TaskAttention(task, text, src, output, task.solve(src), weights, labels)

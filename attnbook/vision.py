@@ -55,12 +55,13 @@ __all__ = [
     "mlp_hidden_for",
     "n_params",
     "attention_rollout",
+    "cls_attention",
     "DIGIT_NAMES",
     "SPELLING_VOCAB",
     "spell",
     "DigitSpeller",
     "random_shift",
-    "fit",
+    "fit_images",
     "accuracy",
 ]
 
@@ -288,6 +289,23 @@ def attention_rollout(weights: list[torch.Tensor] | tuple[torch.Tensor, ...], re
     return rollout
 
 
+def cls_attention(weights: list[torch.Tensor], layer: int, head: str | int, view: str,
+                  grid: tuple[int, int]) -> torch.Tensor:
+    """The [CLS] row of one layer's attention over the patches, ``(Th, Tw)``, for image 0 of the batch:
+    ``view="raw"`` takes layer ``layer``'s head ``head`` (an int, or ``"mean"`` over heads);
+    ``view="rollout"`` takes :func:`attnbook.vision.attention_rollout` through layers 0..``layer``
+    (rollout mixes the heads, so ``head`` is ignored). The weight [CLS] gives itself is left out, so the
+    patches' weights sum to at most 1."""
+    if view == "rollout":
+        row = attention_rollout(weights[: layer + 1])[0, 0, 1:]  # (Th*Tw,)
+    elif view == "raw":
+        w = weights[layer][0]  # (H, T, T)
+        row = (w.mean(dim=0) if head == "mean" else w[int(head)])[0, 1:]  # (Th*Tw,)
+    else:
+        raise ValueError(f"view must be 'raw' or 'rollout', got {view!r}")
+    return patch_grid(row[None], grid)[0]  # (Th, Tw)
+
+
 # ----------------------------------------------------------------------------- spelling the digit
 
 
@@ -363,16 +381,12 @@ class DigitSpeller(nn.Module):
             return self.head(h), cross  # (B, L, V)
         return self.head(self.decoder(x, memory, mask))  # (B, L, V)
 
-    def _teacher_input(self, tgt: torch.Tensor) -> torch.Tensor:
-        bos = torch.full_like(tgt[:, :1], SPELLING_VOCAB.bos_id)  # (B, 1)
-        return torch.cat([bos, tgt[:, :-1]], dim=1)  # (B, L)
-
     def forward(self, images: torch.Tensor, tgt_in: torch.Tensor, *, need_weights: bool = False) -> Any:
         return self.decode(tgt_in, self.encode(images), need_weights=need_weights)
 
     def loss(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         tgt = spell(labels)  # (B, L)
-        logits = self(images, self._teacher_input(tgt))  # (B, L, V)
+        logits = self(images, SPELLING_VOCAB.shift_right(tgt))  # (B, L, V)
         return F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=SPELLING_VOCAB.pad_id)
 
     @torch.no_grad()
@@ -388,10 +402,7 @@ class DigitSpeller(nn.Module):
             ids = torch.cat([ids, logits[:, -1].argmax(dim=-1, keepdim=True)], dim=1)  # (B, l+1)
             cross = cross_layers[-1]  # (B, H, l, Th*Tw)
         assert cross is not None
-        out = ids[:, 1:]  # (B, L)
-        seen = (out == v.eos_id).long().cumsum(dim=1)  # (B, L)
-        after = (seen - (out == v.eos_id).long()) > 0  # strictly after the first EOS
-        return out.masked_fill(after, v.pad_id), cross
+        return v.stop_after_eos(ids[:, 1:]), cross  # (B, L)
 
 
 # ----------------------------------------------------------------------------- training
@@ -413,9 +424,11 @@ def random_shift(images: torch.Tensor, shift: int, generator: torch.Generator) -
     return padded[torch.arange(B)[:, None, None], rows[:, :, None], cols[:, None, :]]  # (B, Ih, Iw)
 
 
-def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int = 30, batch_size: int = 64,
+def fit_images(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int = 30, batch_size: int = 64,
         lr: float = 3e-3, weight_decay: float = 0.0, shift: int = 0, seed: int = 0) -> list[float]:
-    """Train ``model`` (anything with ``loss(x_batch, y_batch)``) with Adam on shuffled mini-batches of
+    """Train ``model`` (anything with ``loss(x_batch, y_batch)``) on a fixed set of images for a number of
+    epochs (unlike :func:`attnbook.train.fit`, which draws fresh batches of a toy task for a number of steps
+    and evaluates as it goes), with AdamW on shuffled mini-batches of
     ``(x, y)`` for ``epochs`` passes, the learning rate decaying linearly to 0; with ``shift > 0`` each
     training image is moved by a random offset of up to ``shift`` pixels (:func:`random_shift`) every time
     it is drawn. One generator seeded with ``seed`` draws the order and the shifts (the same batches for

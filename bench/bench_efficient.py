@@ -91,7 +91,7 @@ def cases(T: int, names=CASES) -> dict[str, Callable[[], object]]:
     """Case name -> zero-argument callable, for one sequence length (the same inputs for all)."""
     from attnbook.efficient import attention_call, make_inputs
 
-    q, k, v = make_inputs(T, B=B, H=H, D=D)  # (B, H, T, D) each
+    q, k, v = make_inputs(T, batch_size=B, num_heads=H, head_dim=D)  # (B, H, T, D) each
     return {name: attention_call(variant, q, k, v, window, causal=causal)
             for name, (variant, causal, window) in ((n, CASES[n]) for n in names)}
 

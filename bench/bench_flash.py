@@ -77,7 +77,7 @@ def inputs(T: int, shape: str):
     from attnbook.efficient import make_inputs
 
     B, H, D = SHAPES[shape]
-    q, k, v = make_inputs(T, B=B, H=H, D=D, dtype=torch.float32)
+    q, k, v = make_inputs(T, batch_size=B, num_heads=H, head_dim=D, dtype=torch.float32)
     dout = torch.randn(B, H, T, D, generator=torch.Generator().manual_seed(1))  # (B, H, T, D)
     return q, k, v, dout
 

@@ -65,7 +65,7 @@ def train_one(seed: int) -> dict:
 def decayed_costs(Ts: tuple[int, ...] = (512, 1024, 2048, 4096)) -> dict[str, list[float]]:
     costs: dict[str, list[float]] = {m: [] for m in ("parallel", "recurrent", "chunkwise")}
     for T in Ts:
-        q, k, v = make_inputs(T, B=1, H=4, D=32)
+        q, k, v = make_inputs(T, batch_size=1, num_heads=4, head_dim=32)
         calls = {m: (lambda m=m, q=q, k=k, v=v: decayed_linear_attention(q, k, v, 0.9, method=m)) for m in costs}
         for m, s in time_calls(calls, rounds=3).items():
             costs[m].append(s)

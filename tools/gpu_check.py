@@ -186,7 +186,7 @@ def measuring_on_the_device(dev):
     from attnbook.efficient import attention_call, make_inputs
     from attnbook.measure import cuda_peak_growth, time_calls
 
-    q, k, v = (x.to(dev) for x in make_inputs(2048, H=4, D=64))
+    q, k, v = (x.to(dev) for x in make_inputs(2048, num_heads=4, head_dim=64))
     calls = {name: attention_call(name, q, k, v, 128) for name in ("exact", "pytorch", "flash")}
     times = time_calls(calls, rounds=3, device=dev)  # synchronised: the device's work, not the launch
     assert all(t > 0 for t in times.values()), times
@@ -202,7 +202,7 @@ def measuring_on_the_device(dev):
 def explorers_on_the_device(dev):
     from attnbook.explorers import gqa, heads, masks, positions, saturation
 
-    ex = gqa.gqa_explorer(seq_lens=(1024, 4096), static_heads=(8,), static_seq=(1024,), rounds=2)
+    ex = gqa.gqa_explorer(seq_len_options=(1024, 4096), static_num_heads=(8,), static_seq_len=(1024,), rounds=2)
     assert dev in ex.control("device").values, f"gqa_explorer: device {dev} not offered"
     d = ex.update(num_heads=8, seq_len=4096, device=dev)
     assert all(t > 0 for t in d["time_s"]), d["time_s"]

@@ -17,9 +17,10 @@ last expression) to get the live widget in Jupyter/Colab and the pre-rendered sc
 book; call ``.update(...)`` and read ``.data`` / ``.figure`` to use it without a browser.
 :mod:`attnbook.explorers.base` is the machinery they share.
 
-The factories load on first use (``from attnbook.explorers import heads_explorer``); the names the
-chapters were written with (``attnbook.widgets.head_explorer``, ``attnbook.efficient_explorer.sequence_explorer``,
-...) still work.
+Each factory's home is this package: ``from attnbook.explorers import heads_explorer`` (it loads on first
+use, so importing attnbook does not import matplotlib or ipywidgets). A family module holds only its
+factory and the constants of its interface (the choices its controls offer); what an explorer computes
+lives in the module of that concept (``efficient``, ``kvcache``, ``train``, ...).
 """
 
 from __future__ import annotations

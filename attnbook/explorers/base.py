@@ -68,7 +68,6 @@ __all__ = [
     "Explorer",
     "FastFigure",
     "figure_png",
-    "available_devices",
     "device_control",
     "in_colab",
     "WIDGET_VIEW_MIME",
@@ -377,6 +376,18 @@ class Explorer:
         is what moving it does."""
         self.widget  # noqa: B018 (builds the controls)
         return dict(self._controls_w)
+
+    @property
+    def image_widget(self) -> Any:
+        """The live widget's image (an ``ipywidgets.Image``; its ``value`` is the current frame's PNG)."""
+        self.widget  # noqa: B018 (builds it)
+        return self._image_w
+
+    @property
+    def caption_widget(self) -> Any:
+        """The live widget's caption (an ``ipywidgets.HTML``)."""
+        self.widget  # noqa: B018 (builds it)
+        return self._caption_w
 
     def _on_change(self, name: str) -> Callable[[dict], None]:
         def handler(change: dict) -> None:

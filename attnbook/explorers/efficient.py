@@ -3,10 +3,10 @@
 Which (query, key) pairs each variant scores, how long it takes and how much
 memory it holds, against exact attention and PyTorch's fused kernel.
 
-The variants are :data:`attnbook.efficient.REGISTRY`'s, run by
-:func:`attnbook.efficient.attention_call` on :func:`attnbook.efficient.make_inputs`;
-costs are measured with :mod:`attnbook.measure` (time: fastest of interleaved
-rounds; memory: tracked tensor by tensor, so the same on every run).
+The variants are :data:`attnbook.efficient.REGISTRY`'s: the pairs drawn are each variant's declared
+:class:`attnbook.efficient.Pattern` (:func:`attnbook.efficient.pair_picture`), the costs come from
+:func:`attnbook.efficient.measure_costs` (time: fastest of interleaved rounds; memory: tracked tensor by
+tensor, so the same on every run). This module holds only the explorer and the choices it offers.
 
 Dimension legend:
     B  batch size (1 by default)
@@ -35,196 +35,22 @@ PyTorch's fused kernel; on a CPU a tiled C++ kernel) is the second reference.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from matplotlib.figure import Figure
 
-from ..efficient import (
-    NUM_FEATURES,
-    REGISTRY,
-    attention_call,
-    bigbird_block_pattern,
-    bigbird_pattern,
-    lsh_buckets,
-    lsh_n_buckets,
-    make_inputs,
-    variant,
-)
-from ..masks import sliding_window_mask
-from ..measure import cost_curves
+from ..efficient import NUM_FEATURES, REGISTRY, cost_key, measure_costs, pair_picture, pair_share
 from ..plotting import log_bars
 from .base import Control, Explorer
 
-__all__ = [
-    "VARIANTS",
-    "REFERENCES",
-    "EXACT_VARIANTS",
-    "WINDOW_MEANING",
-    "T_VALUES",
-    "WINDOWS",
-    "attended_pairs",
-    "pair_picture",
-    "pair_share",
-    "cost_key",
-    "measure_costs",
-    "efficient_explorer",
-    "sequence_explorer",
-]
+__all__ = ["VARIANTS", "T_VALUES", "WINDOWS", "efficient_explorer"]
 
 VARIANTS = tuple(name for name in REGISTRY if name != "pytorch")  # what the explorer offers
-REFERENCES = ("exact", "pytorch")
-EXACT_VARIANTS = frozenset(name for name, v in REGISTRY.items() if v.exact)
-WINDOW_MEANING = {name: v.window for name, v in REGISTRY.items() if v.window is not None}
 T_VALUES = (256, 512, 1024, 2048, 4096)
 WINDOWS = (16, 32, 64, 128, 256)
 BAR_LABELS = ("this variant", "exact, T×T", "PyTorch SDPA")
-
-
-# ----------------------------------------------------------------------------- which pairs
-
-
-@functools.lru_cache(maxsize=16)
-def _lsh_pair_index(T: int, window: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(query positions, key positions) of the pairs LSH attention weights, head 0."""
-    qk = make_inputs(T, seed=seed)[0][:1, :1]  # (1, 1, T, D): head 0 of the shared query/key
-    buckets = lsh_buckets(qk, lsh_n_buckets(T, window), 1, seed=0)[0, 0, 0]  # (T,)
-    order = torch.argsort(buckets * T + torch.arange(T))  # (T,) sorted slot -> position
-    slot = torch.arange(T)[:, None]  # (T, 1) a query's slot in the sorted order
-    keys = (slot // window - 1) * window + torch.arange(2 * window)  # (T, 2C): previous chunk and own chunk
-    real = (keys >= 0) & (keys < T)  # (T, 2C)
-    others = real & (keys != slot)  # a query skips itself ...
-    alone = ~others.any(dim=-1, keepdim=True)  # (T, 1) ... unless it has nobody else
-    use = others | (alone & (keys == slot))  # (T, 2C)
-    qi = order[slot.expand_as(keys)[use]]  # (pairs,) query positions
-    kj = order[keys[use]]  # (pairs,) key positions
-    return qi, kj
-
-
-def attended_pairs(name: str, T: int, window: int = 64, *, seed: int = 0) -> torch.Tensor | None:
-    """Bool ``(T, T)``, True where query i attends key j under variant ``name``;
-    ``None`` for ``"linear"`` and ``"performer"``, which never score a pair.
-
-    LSH's pairs depend on the data: these are head 0's on ``make_inputs(T, seed=seed)``
-    (as used by :func:`attnbook.efficient.attention_call`), one hash round."""
-    if not variant(name).scores_pairs:
-        return None
-    if name == "sliding window":
-        return sliding_window_mask(T, window)
-    if name == "block sparse":
-        return bigbird_pattern(T, window)
-    if name == "LSH":
-        pairs = torch.zeros(T, T, dtype=torch.bool)
-        pairs[_lsh_pair_index(T, window, seed)] = True
-        return pairs
-    return torch.ones(T, T, dtype=torch.bool)
-
-
-def _overlap(T: int, size: int, R: int) -> torch.Tensor:
-    """(R, n) share of each of R equal cells of 0..T that falls in each of the
-    n = ceil(T / size) blocks of ``size`` positions (rows sum to 1)."""
-    edges = torch.arange(R + 1, dtype=torch.float64) * T / R  # (R+1,) cell edges
-    starts = torch.arange(0, T, size, dtype=torch.float64)  # (n,) block starts
-    ends = (starts + size).clamp(max=T)
-    lo = torch.maximum(edges[:-1, None], starts[None, :])
-    hi = torch.minimum(edges[1:, None], ends[None, :])
-    return (hi - lo).clamp(min=0) / (T / R)  # (R, n)
-
-
-@functools.lru_cache(maxsize=64)
-def _picture(name: str, T: int, window: int, P: int, seed: int) -> torch.Tensor:
-    if not REGISTRY[name].scores_pairs:
-        return torch.full((P, P), float("nan"))
-    if name in ("exact", "pytorch", "flash"):
-        return torch.ones(P, P)
-    if name == "block sparse":  # pool the block-level pattern: no (T, T) mask needed
-        A = _overlap(T, window, P)  # (P, nb)
-        blocks = bigbird_block_pattern(A.shape[1], 1, 1, 1, 0).double()  # (nb, nb) as bigbird_pattern
-        return (A @ blocks @ A.T).float()  # (P, P)
-    if T % P:
-        pairs = attended_pairs(name, T, window, seed=seed)
-        assert pairs is not None
-        return F.adaptive_avg_pool2d(pairs.float()[None], P)[0]  # (P, P)
-    f = T // P  # positions per cell side
-    if name == "sliding window":  # the share depends only on the cell diagonal d = b - a
-        delta = torch.arange(-(f - 1), f)  # (2f-1,) j - i within a pair of cells
-        d = torch.arange(-(P - 1), P)[:, None]  # (2P-1, 1)
-        inside = ((d * f + delta).abs() <= window).double()  # (2P-1, 2f-1)
-        share = inside @ (f - delta.abs()).double() / (f * f)  # (2P-1,)
-        a = torch.arange(P)
-        return share[(a[None, :] - a[:, None]) + P - 1].float()  # (P, P)
-    qi, kj = _lsh_pair_index(T, window, seed)  # LSH: count the pairs in each cell
-    counts = torch.bincount((qi // f) * P + kj // f, minlength=P * P)  # (P*P,)
-    return counts.view(P, P).float() / (f * f)  # (P, P)
-
-
-def pair_picture(name: str, T: int, window: int = 64, resolution: int = 128, *, seed: int = 0) -> torch.Tensor:
-    """Float ``(P, P)``, P = min(resolution, T): the share of the (query, key) pairs
-    in each cell that variant ``name`` attends (the mask itself when P == T);
-    all NaN for ``"linear"`` and ``"performer"``. Computed without building the
-    ``(T, T)`` mask (it equals pooling :func:`attended_pairs`)."""
-    variant(name)
-    return _picture(name, T, window, min(resolution, T), seed).clone()
-
-
-def pair_share(name: str, T: int, window: int = 64, *, seed: int = 0) -> float | None:
-    """The share of the T * T (query, key) pairs that variant ``name`` attends;
-    ``None`` for ``"linear"`` and ``"performer"``."""
-    if not variant(name).scores_pairs:
-        return None
-    if name in ("exact", "pytorch", "flash"):
-        return 1.0
-    if name == "LSH":
-        return len(_lsh_pair_index(T, window, seed)[0]) / (T * T)
-    if name == "sliding window":
-        i = torch.arange(T)
-        return int(((i + window).clamp(max=T - 1) - (i - window).clamp(min=0) + 1).sum()) / (T * T)
-    nb = -(-T // window)  # block sparse: block sizes times the block-level pattern
-    sizes = torch.full((nb,), float(window), dtype=torch.float64)
-    sizes[-1] = T - window * (nb - 1)
-    blocks = bigbird_block_pattern(nb, 1, 1, 1, 0).double()  # (nb, nb)
-    return float(sizes @ blocks @ sizes) / (T * T)
-
-
-# ----------------------------------------------------------------------------- costs
-
-
-def cost_key(name: str, T: int, window: int) -> tuple:
-    """The key of a measurement: ``(name, T, window)``, window ``None`` for the
-    variants that do not use one (exact, pytorch, linear, performer)."""
-    return (name, T, window if name in WINDOW_MEANING else None)
-
-
-def measure_costs(
-    names: Sequence[str],
-    t_values: Sequence[int],
-    window: int = 64,
-    *,
-    rounds: int = 3,
-    memory: bool = True,
-    threads: int | None = 1,
-    seed: int = 0,
-    B: int = 1,
-    H: int = 2,
-    D: int = 32,
-) -> dict[tuple, dict]:
-    """Time (and track the memory of) each variant in ``names`` at each T, on
-    ``make_inputs(T)``: :func:`attnbook.measure.cost_curves` of
-    :func:`attnbook.efficient.attention_call`. Returns ``{cost_key(name, T, window): {"time_s",
-    "peak_bytes", "largest_bytes"}}`` (no memory keys with ``memory=False``). All variants of one
-    T are timed together, interleaved, with ``threads`` torch threads (default 1, as ``bench/``:
-    steadier on a shared machine; ``None`` keeps the current setting; restored afterwards)."""
-    for name in names:
-        variant(name)
-
-    def calls_at(T: int) -> dict[tuple, Any]:
-        q, k, v = make_inputs(T, B=B, H=H, D=D, seed=seed)
-        return {cost_key(name, T, window): attention_call(name, q, k, v, window) for name in names}
-
-    return cost_curves(calls_at, t_values, rounds=rounds, memory=memory, threads=threads)
 
 
 # ----------------------------------------------------------------------------- the explorer
@@ -281,7 +107,7 @@ def efficient_explorer(
         names = {"variant": variant, "exact": "exact", "pytorch": "pytorch"}
         c = {role: cost(name, T, window) for role, name in names.items()}
         return {
-            "variant": variant, "T": T, "window": window, "uses_window": variant in WINDOW_MEANING,
+            "variant": variant, "T": T, "window": window, "uses_window": REGISTRY[variant].window is not None,
             "picture": pair_picture(variant, T, window, resolution, seed=seed), "pair_share": share,
             "time_s": {role: x["time_s"] for role, x in c.items()},
             "peak_bytes": {role: x["peak_bytes"] for role, x in c.items()},
@@ -332,7 +158,7 @@ def efficient_explorer(
             art["title0"].set_text(f"pairs scored: {d['pair_share']:.1%} of T²")
         for unit, values, scale in (("ms", d["time_s"], 1e3), ("MiB", d["peak_bytes"], 2.0**-20)):
             art["bars"][unit].set([values[r] * scale for r in roles], [_fmt(values[r] * scale) for r in roles])
-        used = f", {WINDOW_MEANING[name]} {window}" if d["uses_window"] else ""
+        used = f", {REGISTRY[name].window} {window}" if d["uses_window"] else ""
         art["title"].set_text(f"{name}{used}, T = {T}")
 
     def caption(d: dict) -> str:
@@ -355,6 +181,3 @@ def efficient_explorer(
         ],
         compute, caption=caption, build=build, redraw=redraw,
     )
-
-
-sequence_explorer = efficient_explorer  # the name chapter 8 was written with

@@ -26,46 +26,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from matplotlib.figure import Figure
 
-from .._checks import check_int
-from ..kvcache import MODEL_7B, kv_cache_bytes, kv_cache_bytes_per_token
-from ..measure import time_calls
-from ..mha import grouped_decode_attention
+from ..kvcache import BENCH_DIVISOR, MODEL_7B, decode_key, kv_cache_bytes, kv_cache_bytes_per_token, measure_decode
+from ..mha import valid_kv_heads
 from ..plotting import log_bars
 from .base import Control, Explorer, device_control
 
-__all__ = [
-    "MODEL",
-    "HEADS",
-    "KV_CHOICES",
-    "SEQ_LENS",
-    "BENCH_DIVISOR",
-    "valid_kv_heads",
-    "kv_heads",
-    "decode_inputs",
-    "decode_key",
-    "measure_decode",
-    "gqa_explorer",
-]
+__all__ = ["MODEL", "HEADS", "KV_CHOICES", "KV_HEADS", "SEQ_LENS", "gqa_explorer"]
 
 MODEL = MODEL_7B
 HEADS = (8, 16, 32)
 KV_CHOICES = ("MHA (=H)", "H/2", "H/4", "H/8", "MQA (1)")
 _KV_DIVISOR = {"MHA (=H)": 1, "H/2": 2, "H/4": 4, "H/8": 8}
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384, 32768)
-BENCH_DIVISOR = 8  # the timed step sees S / 8 cached keys: the same shape of cost, a lighter machine load
 
 
-def valid_kv_heads(num_heads: int) -> list[int]:
-    """The numbers of key/value heads ``attnbook.MultiHeadAttention`` accepts for
-    ``num_heads`` query heads: the divisors of ``num_heads``, smallest first."""
-    check_int("num_heads", num_heads)
-    return [h for h in range(1, num_heads + 1) if num_heads % h == 0]
-
-
-def kv_heads(num_heads: int, choice: str) -> int:
+def _kv_heads(num_heads: int, choice: str) -> int:
     """Hkv for one of :data:`KV_CHOICES`: H, H/2, H/4, H/8 or 1. Where H is not
     divisible by the fraction's denominator, the largest divisor of H below H/n
     (so every choice is valid for every H)."""
@@ -78,53 +55,8 @@ def kv_heads(num_heads: int, choice: str) -> int:
     return max(h for h in divisors if h <= max(1.0, target))
 
 
-def decode_inputs(num_heads: int, num_kv_heads: int, seq_len: int, head_dim: int = MODEL["head_dim"], *,
-                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One decoding step's tensors: ``q (1, H, 1, D)`` and cached ``k, v (1, Hkv, S, D)``,
-    random normal from a generator seeded with ``seed``."""
-    if num_kv_heads not in valid_kv_heads(num_heads):
-        raise ValueError(f"num_kv_heads={num_kv_heads} must divide num_heads={num_heads}")
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, num_heads, 1, head_dim, generator=g)  # (1, H, 1, D)
-    k = torch.randn(1, num_kv_heads, seq_len, head_dim, generator=g)  # (1, Hkv, S, D)
-    v = torch.randn(1, num_kv_heads, seq_len, head_dim, generator=g)  # (1, Hkv, S, D)
-    return q.to(device=device, dtype=dtype), k.to(device=device, dtype=dtype), v.to(device=device, dtype=dtype)
-
-
-def decode_key(num_heads: int, num_kv_heads: int, bench_len: int, device: str = "cpu") -> tuple:
-    """The key of one timing: ``(H, Hkv, cached keys timed, device)``."""
-    return (num_heads, num_kv_heads, bench_len, str(device))
-
-
-def measure_decode(num_heads: int, seq_len: int, kv_options: Sequence[int] | None = None, *,
-                   head_dim: int = MODEL["head_dim"], device: str | torch.device = "cpu", rounds: int = 5,
-                   threads: int | None = 1, seed: int = 0) -> dict[tuple, float]:
-    """Seconds for one decoding step's attention (:func:`attnbook.mha.grouped_decode_attention`,
-    one query per head over ``seq_len // BENCH_DIVISOR`` cached keys, float32) for
-    each number of key/value heads in ``kv_options`` (default: every distinct
-    value of :data:`KV_CHOICES` for ``num_heads``). The options are timed together,
-    interleaved, fastest of ``rounds`` (:func:`attnbook.measure.time_calls`, which synchronises the
-    device), with ``threads`` torch threads on a CPU (restored afterwards).
-    Returns ``{decode_key(H, Hkv, seq_len // BENCH_DIVISOR, device): seconds}``."""
-    check_int("seq_len", seq_len)
-    if kv_options is None:
-        kv_options = sorted({kv_heads(num_heads, c) for c in KV_CHOICES}, reverse=True)
-    bench_len = max(1, seq_len // BENCH_DIVISOR)
-    device = str(device)
-    calls = {}
-    for hkv in kv_options:
-        q, k, v = decode_inputs(num_heads, hkv, bench_len, head_dim, device=device, seed=seed)
-        calls[hkv] = lambda q=q, k=k, v=v: grouped_decode_attention(q, k, v)
-    before = torch.get_num_threads()
-    if threads is not None and device == "cpu":
-        torch.set_num_threads(threads)
-    try:
-        times = time_calls(calls, rounds, device=device)
-    finally:
-        torch.set_num_threads(before)
-    return {decode_key(num_heads, hkv, bench_len, device): t for hkv, t in times.items()}
-
+KV_HEADS = {H: tuple(_kv_heads(H, choice) for choice in KV_CHOICES) for H in HEADS}
+"""For each number of query heads H the explorer offers, the key/value heads of each of :data:`KV_CHOICES`."""
 
 # ----------------------------------------------------------------------------- the explorer
 
@@ -146,10 +78,10 @@ def _kv_label(choice: str, hkv: int) -> str:
 def gqa_explorer(
     measured: dict | None = None,
     *,
-    heads: Sequence[int] = HEADS,
-    seq_lens: Sequence[int] = SEQ_LENS,
-    static_heads: Sequence[int] = HEADS,
-    static_seq: Sequence[int] = (4096, 32768),
+    num_heads_options: Sequence[int] = HEADS,
+    seq_len_options: Sequence[int] = SEQ_LENS,
+    static_num_heads: Sequence[int] = HEADS,
+    static_seq_len: Sequence[int] = (4096, 32768),
     rounds: int = 5,
     seed: int = 0,
 ) -> Explorer:
@@ -161,15 +93,15 @@ def gqa_explorer(
     ``measured`` (``{decode_key(...): seconds}``, e.g. from :func:`measure_decode`)
     supplies timings already made; missing ones are measured on first use (all
     key/value choices of one (H, S, device) together) and kept in that same dict.
-    Static frames: ``static_heads`` x every key/value choice x ``static_seq`` on the
+    Static frames: ``static_num_heads`` x every key/value choice x ``static_seq_len`` on the
     CPU; passing their timings makes the book's frames cost no measuring, and the
     frames' layout never depends on a timing.
     """
     costs = {} if measured is None else measured
-    heads, seq_lens = list(heads), list(seq_lens)
+    heads, seq_lens = list(num_heads_options), list(seq_len_options)
 
     def timing(H: int, S: int, device: str) -> dict[int, float]:
-        options = sorted({kv_heads(H, c) for c in KV_CHOICES}, reverse=True)
+        options = sorted({_kv_heads(H, c) for c in KV_CHOICES}, reverse=True)
         bench_len = max(1, S // BENCH_DIVISOR)
         missing = [h for h in options if decode_key(H, h, bench_len, device) not in costs]
         if missing:
@@ -178,9 +110,9 @@ def gqa_explorer(
 
     def compute(num_heads: int, kv: str, seq_len: int, device: str) -> dict:
         H = num_heads
-        options = [kv_heads(H, c) for c in KV_CHOICES]  # one per choice (H/8 and MQA may coincide)
+        options = [_kv_heads(H, c) for c in KV_CHOICES]  # one per choice (H/8 and MQA may coincide)
         times = timing(H, seq_len, device)
-        hkv = kv_heads(H, kv)
+        hkv = _kv_heads(H, kv)
         bench_len = max(1, seq_len // BENCH_DIVISOR)
         return {
             "num_heads": H, "kv": kv, "num_kv_heads": hkv, "group": H // hkv, "seq_len": seq_len,
@@ -249,13 +181,13 @@ def gqa_explorer(
                 f"{d['group']}x less than MHA). One step's attention at benchmark scale: {t * 1e3:.3g} ms vs "
                 f"{mha * 1e3:.3g} ms for MHA (measured on {d['device']} when this was built)")
 
-    static_heads, static_seq = list(static_heads), list(static_seq)
+    static_num_heads, static_seq_len = list(static_num_heads), list(static_seq_len)
     return Explorer(
         "KV heads: cache memory and decoding time",
         [
-            Control("num_heads", heads, static_heads[-1], label="query heads H", kind="toggle", static=static_heads),
+            Control("num_heads", heads, static_num_heads[-1], label="query heads H", kind="toggle", static=static_num_heads),
             Control("kv", KV_CHOICES, "H/4", label="KV heads", kind="toggle"),
-            Control("seq_len", seq_lens, static_seq[0], label="context length S", static=static_seq,
+            Control("seq_len", seq_lens, static_seq_len[0], label="context length S", static=static_seq_len,
                     fmt=lambda s: f"{s:,}"),
             device_control(),
         ],

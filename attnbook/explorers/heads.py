@@ -21,7 +21,7 @@ from ..mha import MultiHeadAttention
 from ..plotting import heads_mosaic
 from .base import Control, Explorer, device_control
 
-__all__ = ["heads_explorer", "head_explorer", "token_embeddings", "SENTENCES"]
+__all__ = ["heads_explorer", "SENTENCES"]
 
 SENTENCES = [
     "the cat sat on the mat because it was tired",
@@ -30,7 +30,7 @@ SENTENCES = [
 ]
 
 
-def token_embeddings(tokens: list[str], d_model: int, seed: int = 0) -> torch.Tensor:
+def _token_embeddings(tokens: list[str], d_model: int, seed: int = 0) -> torch.Tensor:
     """A fixed random vector per word (stable across runs), plus a little position signal: ``(T, E)``."""
     rows = []
     for pos, tok in enumerate(tokens):
@@ -69,7 +69,7 @@ def heads_explorer(d_model: int = 32, sentences: list[str] | None = None, seed: 
             mha = MultiHeadAttention(d_model, num_heads)
         mha.load_state_dict(state)
         mha = mha.to(device).eval()
-        x = token_embeddings(tokens, d_model, seed).to(device)[None]  # (1, T, E)
+        x = _token_embeddings(tokens, d_model, seed).to(device)[None]  # (1, T, E)
         with torch.no_grad():
             out, w = mha(x)  # w: (1, H, T, T)
         assert w is not None
@@ -128,6 +128,3 @@ def heads_explorer(d_model: int = 32, sentences: list[str] | None = None, seed: 
         ],
         compute, caption=caption, layout=layout, build=build, redraw=redraw,
     )
-
-
-head_explorer = heads_explorer  # the name chapter 3 was written with

@@ -19,12 +19,12 @@ from ..masks import causal_mask, combine_masks, padding_mask, sliding_window_mas
 from ..plotting import index_ticks
 from .base import Control, Explorer, device_control
 
-__all__ = ["masks_explorer", "mask_explorer", "build_mask", "MASK_KINDS"]
+__all__ = ["masks_explorer", "MASK_KINDS"]
 
 MASK_KINDS = ["causal", "padding", "sliding window", "causal + padding", "causal + window"]
 
 
-def build_mask(kind: str, T: int, window: int, length: int) -> torch.Tensor:
+def _build_mask(kind: str, T: int, window: int, length: int) -> torch.Tensor:
     """The bool (T, T) mask an explorer kind stands for (True = may attend)."""
     if kind not in MASK_KINDS:
         raise ValueError(f"kind must be one of {MASK_KINDS}, got {kind!r}")
@@ -46,7 +46,7 @@ def masks_explorer(seed: int = 0, d_model: int = 16) -> Explorer:
     padding length, sequence length and device -> the mask and the attention it allows."""
 
     def compute(kind: str, T: int, window: int, length: int, device: str) -> dict:
-        mask = build_mask(kind, T, window, length)  # (T, S)
+        mask = _build_mask(kind, T, window, length)  # (T, S)
         g = torch.Generator().manual_seed(seed)
         x = torch.randn(T, d_model, generator=g)  # (T, E)
         wq, wk = (torch.randn(d_model, d_model, generator=g) / d_model**0.5 for _ in range(2))
@@ -97,6 +97,3 @@ def masks_explorer(seed: int = 0, d_model: int = 16) -> Explorer:
         ],
         compute, caption=caption, layout=layout, build=build, redraw=redraw,
     )
-
-
-mask_explorer = masks_explorer  # the name chapter 4 was written with

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from ..pretrained.model import MEASURES, MiniLM, head_stats, tokenize
 from .base import Control, Explorer
 
-__all__ = ["minilm_explorer", "minilm_head_explorer", "EXPLORER_SENTENCES"]
+__all__ = ["minilm_explorer", "EXPLORER_SENTENCES"]
 
 EXPLORER_SENTENCES = [
     "The animal didn't cross the street because it was too tired.",
@@ -111,6 +111,3 @@ def minilm_explorer(model: MiniLM, tokenizer: Any, sentences: Sequence[str] | No
         ],
         compute, caption=caption, layout=layout, build=build, redraw=redraw,
     )
-
-
-minilm_head_explorer = minilm_explorer  # the name chapter 10 was written with

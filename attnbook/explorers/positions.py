@@ -18,7 +18,7 @@ from ..plotting import index_ticks
 from ..positional import alibi_bias, apply_rotary, sinusoidal_encoding
 from .base import Control, Explorer, device_control
 
-__all__ = ["positions_explorer", "position_explorer", "POSITION_KINDS"]
+__all__ = ["positions_explorer", "POSITION_KINDS"]
 
 POSITION_KINDS = ["sinusoidal", "learned (untrained)", "RoPE", "ALiBi"]
 
@@ -98,6 +98,3 @@ def positions_explorer(T: int = 32, seed: int = 0) -> Explorer:
         ],
         compute, caption=caption, layout=layout, build=build, redraw=redraw,
     )
-
-
-position_explorer = positions_explorer  # the name chapter 5 was written with

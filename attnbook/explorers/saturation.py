@@ -17,31 +17,14 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
+from ..core import softmax_stats
 from ..plotting import index_ticks
 from .base import Control, Explorer, device_control
 
-__all__ = ["saturation_explorer", "softmax_stats", "DK_VALUES"]
+__all__ = ["saturation_explorer", "DK_VALUES"]
 
 DK_VALUES = [2**i for i in range(11)]  # 1 .. 1024
 DK_TICKS = [1, 4, 16, 64, 256, 1024]
-
-
-def softmax_stats(logits: torch.Tensor) -> dict[str, float]:
-    """Entropy, largest weight and softmax-Jacobian norm for logits (B, T), averaged over B.
-
-    The Jacobian of p = softmax(z) is diag(p) - p p^T; its Frobenius norm is how
-    much the weights can still move when the logits move: near 0 means
-    saturated (vanishing gradients).
-    """
-    p = torch.softmax(logits.double(), dim=-1)  # (B, T)
-    entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)  # (B,)
-    jac = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]  # (B, T, T)
-    grad_norm = jac.flatten(1).norm(dim=-1)  # (B,)
-    return {
-        "entropy": entropy.mean().item(),
-        "max_weight": p.max(-1).values.mean().item(),
-        "grad_norm": grad_norm.mean().item(),
-    }
 
 
 def _queries_keys(d_k: int, T: int, n: int, device: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,7 +25,6 @@ query that writes output token ``k``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,10 +33,10 @@ from matplotlib.figure import Figure
 from .._checks import check_int
 from ..plotting import heads_mosaic
 from ..tasks import Seq2SeqTransformer, Task
-from ..train import predict
+from ..train import TaskAttention, check_seq2seq, run_with_attention
 from .base import Control, Explorer
 
-__all__ = ["KINDS", "TaskAttention", "run_with_attention", "trained_heads_explorer", "trained_head_explorer"]
+__all__ = ["KINDS", "trained_heads_explorer"]
 
 # what the reader picks -> the key of Seq2SeqTransformer's attention dict
 KINDS = {
@@ -50,100 +49,6 @@ _KIND_HELP = {
     "decoder_self": "rows: the output token each query writes, columns: the decoder's input (BOS, then the output so far)",
     "decoder_cross": "rows: the output token each query writes, columns: the source it reads",
 }
-
-
-def _short(token: str) -> str:
-    """``"<eos>"`` -> ``"eos"``: special tokens without brackets, so tick labels stay narrow."""
-    return token[1:-1] if token.startswith("<") and token.endswith(">") else token
-
-
-@dataclass
-class TaskAttention:
-    """One input run through a trained seq2seq model, with every attention map.
-
-    Attributes:
-        task: the task.
-        source: the input text, e.g. ``"123+456"``.
-        src: ``(1, S)`` its token ids.
-        output: ``(1, L)`` what the model wrote (greedy, PAD after its EOS).
-        target: ``(1, L)`` the correct answer (``task.solve``).
-        weights: ``{"encoder" | "decoder_self" | "decoder_cross": [(H, T, K) per layer]}``.
-        labels: for each kind, ``(query labels (T,), key labels (K,))``.
-    """
-
-    task: Task
-    source: str
-    src: torch.Tensor
-    output: torch.Tensor
-    target: torch.Tensor
-    weights: dict[str, list[torch.Tensor]]
-    labels: dict[str, tuple[list[str], list[str]]]
-
-    @property
-    def prediction(self) -> str:
-        """What the model wrote, as text (up to its EOS)."""
-        text = self.task.decode(self.output[0])  # (L,) -> one string
-        assert isinstance(text, str)
-        return text
-
-    @property
-    def correct(self) -> bool:
-        """Every answer token and the final EOS right."""
-        return bool(torch.equal(self.output, self.target))
-
-    def pretty(self, which: str = "output") -> str:
-        """``task.pretty`` of the source with the model's ``"output"`` or the correct ``"target"``."""
-        return self.task.pretty(self.src, self.output if which == "output" else self.target)[0]
-
-    def alignment_shares(self, layer: int = 0) -> torch.Tensor:
-        """``(H,)``: per head, the mean share of cross-attention (layer ``layer``)
-        on the expected source positions (:meth:`attnbook.tasks.Task.alignment_targets`),
-        over the output tokens that have one: one input's version of
-        :func:`attnbook.train.attention_alignment`."""
-        expected = self.task.alignment_targets(self.src, self.target)[0].float()  # (L, S)
-        rows = expected.sum(-1) > 0  # (L,)
-        w = self.weights["decoder_cross"][layer]  # (H, L, S)
-        on_target = (w * expected).sum(-1)  # (H, L)
-        return on_target[:, rows].mean(-1)  # (H,)
-
-
-def _check_seq2seq(name: str, model: object) -> None:
-    if not isinstance(model, Seq2SeqTransformer):
-        raise TypeError(
-            f"{name}: the explorer shows encoder, decoder and cross-attention, so it needs an "
-            f"attnbook.tasks.Seq2SeqTransformer, got {type(model).__name__}"
-        )
-
-
-@torch.no_grad()
-def run_with_attention(model: Seq2SeqTransformer, task: Task, text: str) -> TaskAttention:
-    """Encode ``text``, let ``model`` write its answer greedily, and collect the
-    attention weights of every block while the decoder reads its own output."""
-    _check_seq2seq("model", model)
-    if not isinstance(task, Task):
-        raise TypeError(f"task must be an attnbook.tasks.Task, got {type(task).__name__}")
-    src = task.encode(text)  # (1, S)
-    output = predict(model, task, src).cpu()  # (1, L)
-    bos = torch.full_like(output[:, :1], task.vocab.bos_id)
-    tgt_in = torch.cat([bos, output[:, :-1]], dim=1)  # (1, L): BOS, then the output shifted right
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        _, attn = model(src.to(device), tgt_in.to(device), return_attention=True)
-    finally:
-        model.train(was_training)
-    weights = {kind: [w[0].float().cpu() for w in per_layer] for kind, per_layer in attn.items()}  # (H, T, K) each
-    tokens = task.vocab.tokens
-    src_labels = [tokens[i] for i in src[0].tolist()]
-    out_labels = [_short(tokens[i]) for i in output[0].tolist()]
-    in_labels = [_short(tokens[i]) for i in tgt_in[0].tolist()]
-    labels = {
-        "encoder": (src_labels, src_labels),
-        "decoder_self": (out_labels, in_labels),
-        "decoder_cross": (out_labels, src_labels),
-    }
-    return TaskAttention(task, text, src, output, task.solve(src), weights, labels)
 
 
 def _build_figure(H: int, T: int, K: int, ncols: int) -> tuple[Figure, dict[str, Any]]:
@@ -209,7 +114,7 @@ def trained_heads_explorer(
         pair = models[name]
         if not isinstance(pair, tuple) or len(pair) != 2:
             raise TypeError(f"models[{name!r}] must be a (model, task) tuple, got {type(pair).__name__}")
-        _check_seq2seq(f"models[{name!r}]", pair[0])
+        check_seq2seq(f"models[{name!r}]", pair[0])
         if not isinstance(pair[1], Task):
             raise TypeError(f"models[{name!r}]: the second item must be an attnbook.tasks.Task, got {type(pair[1]).__name__}")
     counts = {name: len(examples[name]) for name in names}
@@ -283,6 +188,3 @@ def trained_heads_explorer(
         ],
         compute, caption=caption, layout=layout, build=build, redraw=redraw,
     )
-
-
-trained_head_explorer = trained_heads_explorer  # the name chapter 7 was written with

@@ -15,30 +15,13 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
-from ..vision import VisionTransformer, attention_rollout, patch_grid
+from ..vision import VisionTransformer, cls_attention
 from .base import Control, Explorer
 
-__all__ = ["vit_explorer", "cls_attention", "DRAWN"]
+__all__ = ["vit_explorer", "DRAWN"]
 
 # the image choice that shows the reader's own drawing (live only: the book's scrubber has no grid to draw on)
 DRAWN = "drawn"
-
-
-def cls_attention(weights: list[torch.Tensor], layer: int, head: str | int, view: str,
-                  grid: tuple[int, int]) -> torch.Tensor:
-    """The [CLS] row of one layer's attention over the patches, ``(Th, Tw)``, for image 0 of the batch:
-    ``view="raw"`` takes layer ``layer``'s head ``head`` (an int, or ``"mean"`` over heads);
-    ``view="rollout"`` takes :func:`attnbook.vision.attention_rollout` through layers 0..``layer``
-    (rollout mixes the heads, so ``head`` is ignored). The weight [CLS] gives itself is left out, so the
-    patches' weights sum to at most 1."""
-    if view == "rollout":
-        row = attention_rollout(weights[: layer + 1])[0, 0, 1:]  # (Th*Tw,)
-    elif view == "raw":
-        w = weights[layer][0]  # (H, T, T)
-        row = (w.mean(dim=0) if head == "mean" else w[int(head)])[0, 1:]  # (Th*Tw,)
-    else:
-        raise ValueError(f"view must be 'raw' or 'rollout', got {view!r}")
-    return patch_grid(row[None], grid)[0]  # (Th, Tw)
 
 
 def _drawing_pad(explorer: Explorer, drawing: torch.Tensor) -> list[Any]:

@@ -5,7 +5,7 @@
 * :mod:`attnbook.pretrained.model`: :class:`MiniLM` built from :class:`attnbook.layers.TransformerEncoderLayer`,
   :func:`load_minilm`, the tokenizer helpers and :func:`head_stats` (what each head attends to).
 
-Its explorer is :func:`attnbook.explorers.minilm.minilm_explorer` (also here as ``minilm_head_explorer``).
+Its explorer is :func:`attnbook.explorers.minilm_explorer`.
 
 Credit and licence: the weights are by the sentence-transformers authors (Nils Reimers and colleagues),
 fine-tuned from Microsoft's MiniLM (Wang et al., 2020, "MiniLM: Deep Self-Attention Distillation for
@@ -15,8 +15,6 @@ where they are installed.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from .files import BUNDLES, INSTALL_HINT, MODEL_ID, REVISION, SHA256, locate_files, verify_files
 from .model import MEASURES, BertEmbeddings, Encoded, MiniLM, head_stats, load_minilm, tokenize, word_spans
@@ -37,17 +35,4 @@ __all__ = [
     "tokenize",
     "word_spans",
     "head_stats",
-    "minilm_head_explorer",
-    "EXPLORER_SENTENCES",
 ]
-
-_EXPLORER_NAMES = {"minilm_head_explorer", "minilm_explorer", "EXPLORER_SENTENCES"}
-
-
-def __getattr__(name: str) -> Any:
-    # the explorer needs matplotlib and ipywidgets: loaded on first use only
-    if name in _EXPLORER_NAMES:
-        from ..explorers import minilm
-
-        return getattr(minilm, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -113,6 +113,21 @@ class Vocab:
             raise ValueError(f"ids must be (L,) or (B, L), got {shape_str(ids)}")
         return self._decode_row(ids, skip_special, stop_at_eos)
 
+    def shift_right(self, tgt: torch.Tensor) -> torch.Tensor:
+        """The decoder's input under teacher forcing: BOS, then ``tgt (B, L)`` shifted right by one (its last
+        token dropped), so that position k predicts ``tgt[:, k]`` having seen ``tgt[:, :k]``."""
+        if not isinstance(tgt, torch.Tensor) or tgt.dim() != 2:
+            raise TypeError(f"tgt must be a (B, L) tensor of token ids, got {getattr(tgt, 'shape', type(tgt).__name__)}")
+        bos = torch.full_like(tgt[:, :1], self.bos_id)  # (B, 1)
+        return torch.cat([bos, tgt[:, :-1]], dim=1)  # (B, L)
+
+    def stop_after_eos(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids (B, L)`` with everything after each row's first EOS replaced by PAD (what a greedy decoder
+        wrote once it was done)."""
+        eos = (ids == self.eos_id).long()  # (B, L)
+        after = (eos.cumsum(dim=1) - eos) > 0  # (B, L) strictly after the first EOS
+        return ids.masked_fill(after, self.pad_id)
+
     def _decode_row(self, ids: torch.Tensor, skip_special: bool, stop_at_eos: bool) -> str:
         out = []
         for i in ids.tolist():

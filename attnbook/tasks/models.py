@@ -18,7 +18,7 @@ Models (batch-first, bool masks True = may attend, learned position embeddings,
   ``src <sep> tgt`` that is only trained to predict the ``tgt`` part.
 
 Both have ``loss(src, tgt)``, a greedy ``generate(src, max_new_tokens)``,
-``forward(..., return_attention=True)`` (per-layer weights ``(B, H, T, T)``,
+``forward(..., need_weights=True)`` (per-layer weights ``(B, H, T, T)``,
 and ``(B, H, T, S)`` for cross-attention, for plotting) and
 ``source_attention(src, tgt)`` (how each target token's query attends to the
 source, used by :func:`attnbook.train.attention_alignment`).
@@ -81,12 +81,6 @@ def _check_vocab(vocab: object) -> Vocab:
     return vocab
 
 
-def _stop_after_eos(out: torch.Tensor, eos_id: int, pad_id: int) -> torch.Tensor:
-    """Replace everything after each row's first EOS by PAD."""
-    seen = (out == eos_id).long().cumsum(dim=1)  # (B, L)
-    after = (seen - (out == eos_id).long()) > 0  # strictly after the first EOS
-    return out.masked_fill(after, pad_id)
-
 
 class Seq2SeqTransformer(nn.Module):
     """Encoder-decoder transformer (the original architecture, small).
@@ -98,9 +92,9 @@ class Seq2SeqTransformer(nn.Module):
             as in :mod:`attnbook.layers`; pre-LN stacks get a final LayerNorm.
         max_len: longest source or target sequence (learned positions).
 
-    ``forward(src (B, S), tgt_in (B, T), *, return_attention=False)`` returns
+    ``forward(src (B, S), tgt_in (B, T), *, need_weights=False)`` returns
     logits ``(B, T, V)`` for the token after each ``tgt_in`` position; with
-    ``return_attention=True`` it returns ``(logits, attn)`` where ``attn`` is a dict
+    ``need_weights=True`` it returns ``(logits, attn)`` where ``attn`` is a dict
     of per-layer lists: ``"encoder"`` (B, H, S, S), ``"decoder_self"`` (B, H, T, T)
     and ``"decoder_cross"`` (B, H, T, S).
     """
@@ -155,27 +149,23 @@ class Seq2SeqTransformer(nn.Module):
             return self.head(y), w_self, w_cross  # (B, T, V)
         return self.head(out)  # (B, T, V)
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, *, return_attention: bool = False) -> Any:
-        if not return_attention:
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, *, need_weights: bool = False) -> Any:
+        if not need_weights:
             return self.decode(tgt_in, self.encode(src), src)  # (B, T, V)
         memory, w_enc = self.encode(src, need_weights=True)
         logits, w_self, w_cross = self.decode(tgt_in, memory, src, need_weights=True)
         return logits, {"encoder": w_enc, "decoder_self": w_self, "decoder_cross": w_cross}
 
-    def _teacher_input(self, tgt: torch.Tensor) -> torch.Tensor:
-        bos = torch.full_like(tgt[:, :1], self.vocab.bos_id)
-        return torch.cat([bos, tgt[:, :-1]], dim=1)  # (B, L): BOS, then the target shifted right
-
     def loss(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of predicting ``tgt (B, L)`` with teacher forcing (PAD ignored)."""
         _check_ids("tgt", tgt, len(self.vocab))
-        logits = self(src, self._teacher_input(tgt))  # (B, L, V)
+        logits = self(src, self.vocab.shift_right(tgt))  # (B, L, V)
         return F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=self.vocab.pad_id)
 
     def source_attention(self, src: torch.Tensor, tgt: torch.Tensor) -> list[torch.Tensor]:
         """Cross-attention of each decoder layer under teacher forcing:
         ``(B, H, L, S)``, row ``k`` being the query that predicts ``tgt[:, k]``."""
-        _, attn = self(src, self._teacher_input(tgt), return_attention=True)
+        _, attn = self(src, self.vocab.shift_right(tgt), need_weights=True)
         return attn["decoder_cross"]
 
     @torch.no_grad()
@@ -195,7 +185,7 @@ class Seq2SeqTransformer(nn.Module):
             done |= nxt == self.vocab.eos_id
             if bool(done.all()):
                 break
-        return _stop_after_eos(ys[:, 1:], self.vocab.eos_id, self.vocab.pad_id)
+        return self.vocab.stop_after_eos(ys[:, 1:])
 
 
 class DecoderOnlyTransformer(nn.Module):
@@ -208,9 +198,9 @@ class DecoderOnlyTransformer(nn.Module):
         dropout, activation, norm_first: as in :mod:`attnbook.layers`.
         max_len: longest sequence ``S + 1 + L``.
 
-    ``forward(ids (B, T), *, return_attention=False)`` returns logits
+    ``forward(ids (B, T), *, need_weights=False)`` returns logits
     ``(B, T, V)`` for the next token at every position; with
-    ``return_attention=True``, ``(logits, {"self": [weights (B, H, T, T) per layer]})``.
+    ``need_weights=True``, ``(logits, {"self": [weights (B, H, T, T) per layer]})``.
     """
 
     def __init__(
@@ -235,7 +225,7 @@ class DecoderOnlyTransformer(nn.Module):
         self.blocks = TransformerEncoder(layer, num_layers, nn.LayerNorm(d_model) if norm_first else None)
         self.head = nn.Linear(d_model, V)  # E -> V
 
-    def forward(self, ids: torch.Tensor, *, return_attention: bool = False,
+    def forward(self, ids: torch.Tensor, *, need_weights: bool = False,
                 caches: list[KVCache] | None = None) -> Any:
         """With ``caches`` (one :class:`attnbook.KVCache` per layer, see
         :meth:`new_caches`), ``ids`` are only the new tokens: they sit after the
@@ -254,7 +244,7 @@ class DecoderOnlyTransformer(nn.Module):
             past = len(caches[0])
             mask = causal_mask(T, past + T, offset=past, device=ids.device)  # (T, S): new tokens after the past
             x = self.embed(ids, offset=past)  # (B, T, E)
-        if not return_attention:
+        if not need_weights:
             return self.head(self.blocks(x, mask, caches=caches))  # (B, T, V)
         y, weights = self.blocks(x, mask, need_weights=True, caches=caches)
         return self.head(y), {"self": weights}
@@ -283,7 +273,7 @@ class DecoderOnlyTransformer(nn.Module):
         (position ``S + k`` of ``src <sep> tgt``) attends to the source positions."""
         seq = self._sequence(src, tgt)
         S, L = src.shape[1], tgt.shape[1]
-        _, attn = self(seq[:, :-1], return_attention=True)
+        _, attn = self(seq[:, :-1], need_weights=True)
         return [w[:, :, S : S + L, :S] for w in attn["self"]]
 
     @torch.no_grad()
@@ -324,5 +314,5 @@ class DecoderOnlyTransformer(nn.Module):
             done |= nxt == self.vocab.eos_id
             if bool(done.all()):
                 break
-        out = _stop_after_eos(seq[:, start:], self.vocab.eos_id, self.vocab.pad_id)
+        out = self.vocab.stop_after_eos(seq[:, start:])
         return (out, torch.stack(step_logits, dim=1)) if return_logits else out
