@@ -243,3 +243,10 @@ def test_what_the_join_keeps_passes():
           "f(\n"
           "u);\n")
     assert ScrubberTemplate.parse(HTML, js).script == "var u='http://a//b',v=\"//\",w=[1,2];/* kept */f(u);"
+
+
+def test_parse_wants_text():
+    with pytest.raises(TypeError, match="js_text must be the text of a file \\(a str\\), got bytes"):
+        ScrubberTemplate.parse(HTML, JS.encode())
+    with pytest.raises(TypeError, match="html_text must be .* got NoneType"):
+        ScrubberTemplate.parse(None, JS)  # type: ignore[arg-type]

@@ -482,6 +482,9 @@ class ScrubberTemplate:
         malformed, unknown, missing, repeated or unquoted in a tag; when the script holds what its join into
         one line would break (a ``//`` comment after code, a line that relies on an inserted semicolon, a
         string across lines)."""
+        for arg, value in (("html_text", html_text), ("js_text", js_text)):
+            if not isinstance(value, str):
+                raise TypeError(f"{arg} must be the text of a file (a str), got {type(value).__name__}")
         return cls(_parse_sections(html_text, html_name), _inline_script(js_text, js_name))
 
 
