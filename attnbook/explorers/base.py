@@ -35,7 +35,9 @@ expression):
   Colab's display hook needs.
 
 The scrubber's HTML and its one line of JavaScript are package resources,
-``scrubber.html`` and ``scrubber.js`` next to this module.
+``scrubber.html`` and ``scrubber.js`` next to this module; :class:`ScrubberTemplate`
+reads them and refuses, with a ValueError naming the file and the line, what
+would break silently once they are filled in and joined into one line.
 
 Works with ipywidgets 7.6+ and 8 and uses only core widgets.
 """
@@ -49,6 +51,7 @@ import html
 import io
 import itertools
 import json
+import re
 import sys
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +75,8 @@ __all__ = [
     "in_colab",
     "WIDGET_VIEW_MIME",
     "LIVE_SCALE",
+    "ScrubberTemplate",
+    "scrubber_template",
 ]
 
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
@@ -235,22 +240,259 @@ def device_control(static: Sequence[str] = ("cpu",)) -> Control:
     return Control("device", available_devices(), "cpu", label="device", kind="dropdown", static=list(static))
 
 
+# -- the static scrubber's resources -----------------------------------------------------------------------
+# scrubber.html's sections, in the order static_html concatenates them, and the placeholders each holds: a
+# name listed twice appears twice ($label is the control's text and its aria-label, $i the frame's number and
+# part of its alt text). A template must hold exactly these: static_html fills in these names and no others.
+_SCRUBBER_SECTIONS: dict[str, tuple[str, ...]] = {
+    "open": ("digest", "title"),
+    "control": ("labelwidth", "label", "label", "max", "index", "name", "stride", "labels", "script",
+                "valuewidth", "value"),
+    "fixed": ("text",),
+    "frame": ("i", "i", "hidden", "title", "png", "caption"),
+    "close": (),
+}
+# placeholders filled with a whole attribute (or nothing), written outside quotes on purpose
+_WHOLE_ATTRIBUTES = frozenset({"hidden"})
+_SECTION_MARKER = re.compile(r"<!-- section: ([a-z]+) -->")
+# what a line of scrubber.js may end with: see _inline_script
+_SCRIPT_LINE_ENDS = frozenset(";{},([")
+
+
+def _tag_contexts(line: str) -> list[str]:
+    """For each character of one line of HTML: ``"text"``, ``"tag"`` (inside a tag, outside quotes) or
+    ``"quoted"`` (inside a quoted attribute value)."""
+    contexts: list[str] = []
+    state, quote = "text", ""
+    for k, ch in enumerate(line):
+        if state == "text" and ch == "<" and (line[k + 1:k + 2].isalpha() or line[k + 1:k + 2] == "/"):
+            state = "tag"
+        elif state == "tag" and ch in "\"'":
+            state, quote = "quoted", ch
+        elif state == "tag" and ch == ">":
+            state = "text"
+        elif state == "quoted" and ch == quote:
+            contexts.append("quoted")
+            state = "tag"
+            continue
+        contexts.append(state)
+    return contexts
+
+
+def _check_placeholders(section: str, line: str, where: str) -> None:
+    """The placeholders of one section's line are well formed, quoted where they sit in a tag, and exactly
+    the ones static_html fills in (``_SCRUBBER_SECTIONS``)."""
+    found: list[str] = []
+    contexts = _tag_contexts(line)
+    for m in Template.pattern.finditer(line):
+        if m.group("escaped") is not None:
+            continue  # $$: a literal dollar sign
+        col = m.start() + 1
+        if m.group("invalid") is not None:
+            raise ValueError(f"{where}, column {col}: malformed placeholder {line[m.start():m.start() + 12]!r} in "
+                             f"section {section!r}; write $name or ${{name}} ($$ for a dollar sign)")
+        name = m.group("named") or m.group("braced")
+        if name not in _SCRUBBER_SECTIONS[section]:
+            raise ValueError(f"{where}, column {col}: unknown placeholder ${name} in section {section!r}; "
+                             f"it holds {_placeholder_list(section)}")
+        if contexts[m.start()] == "tag" and name not in _WHOLE_ATTRIBUTES:
+            # html.escape makes a value safe inside a quoted attribute; unquoted, a space in it ends the value
+            raise ValueError(f"{where}, column {col}: placeholder ${name} is an unquoted attribute value in "
+                             f"section {section!r}; write attr=\"${name}\"")
+        found.append(name)
+    for name in dict.fromkeys(_SCRUBBER_SECTIONS[section]):
+        want, got = _SCRUBBER_SECTIONS[section].count(name), found.count(name)
+        if got == 0:
+            raise ValueError(f"{where}: section {section!r} lacks placeholder ${name}; it holds "
+                             f"{_placeholder_list(section)}")
+        if got != want:
+            raise ValueError(f"{where}: placeholder ${name} appears {got} times in section {section!r}, "
+                             f"not {want}")
+    if section == "control" and not re.search(r' on[a-z]+="\$(script|\{script\})"', line):
+        raise ValueError(f"{where}: $script must be the whole value of an event attribute, "
+                         f'e.g. oninput="$script"')
+
+
+def _placeholder_list(section: str) -> str:
+    names = dict.fromkeys(_SCRUBBER_SECTIONS[section])
+    return ", ".join(f"${n}" for n in names) if names else "no placeholders"
+
+
+def _comment_goes_on(line: str, where: str) -> bool:
+    """Whether an HTML comment open before ``line`` is still open after it (nothing may follow its end)."""
+    if "-->" not in line:
+        return True
+    if line.split("-->", 1)[1].strip():
+        raise ValueError(f"{where}: text after the header comment's end: {line!r}")
+    return False
+
+
+def _parse_sections(text: str, resource: str) -> dict[str, Template]:
+    """scrubber.html's sections, checked: a header comment, then ``<!-- section: NAME -->`` lines, each
+    followed by its one line of HTML (blank lines aside). A section that spans two lines, an unknown, missing,
+    repeated or empty section, text outside a section and a malformed, unknown, missing or repeated
+    placeholder raise a ValueError naming ``resource`` and the line."""
+    lines: dict[str, tuple[int, str]] = {}
+    markers: dict[str, int] = {}
+    name: str | None = None
+    in_comment = False  # the header comment, before the first section
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        where = f"{resource} line {n}"
+        if in_comment:  # the header comment goes on
+            in_comment = _comment_goes_on(line, where)
+            continue
+        if re.match(r"<!--\s*section\b", line):
+            m = _SECTION_MARKER.fullmatch(line)
+            if m is None:
+                raise ValueError(f"{where}: malformed section marker {line!r}; write <!-- section: NAME --> "
+                                 "alone on its line")
+            if name is not None and name not in lines:
+                raise ValueError(f"{resource} line {markers[name]}: section {name!r} is empty")
+            name = m.group(1)
+            if name not in _SCRUBBER_SECTIONS:
+                raise ValueError(f"{where}: unknown section {name!r}; the sections are "
+                                 f"{', '.join(_SCRUBBER_SECTIONS)}")
+            if name in markers:
+                raise ValueError(f"{where}: section {name!r} again (first at line {markers[name]})")
+            markers[name] = n
+            continue
+        if not line:
+            continue
+        if name is None and line.startswith("<!--"):  # the header comment, before the first section
+            in_comment = _comment_goes_on(line[4:], where)
+            continue
+        if name is None:
+            raise ValueError(f"{where}: text outside any section (only the header comment may come before "
+                             f"the first <!-- section: NAME --> line): {line[:60]!r}")
+        if name in lines:
+            # the sections are concatenated into one line of HTML: a second line would be dropped, or glued
+            # to the first without the line break it was written with
+            raise ValueError(f"{where}: section {name!r} spans two lines ({lines[name][0]} and {n}); each "
+                             "section is one line")
+        lines[name] = n, line
+    if name is not None and name not in lines:
+        raise ValueError(f"{resource} line {markers[name]}: section {name!r} is empty")
+    missing = [s for s in _SCRUBBER_SECTIONS if s not in markers]
+    if missing:
+        raise ValueError(f"{resource}: no section {', '.join(map(repr, missing))} (it needs "
+                         f"{', '.join(_SCRUBBER_SECTIONS)}, each as <!-- section: NAME --> and one line)")
+    for section, (n, line) in lines.items():
+        _check_placeholders(section, line, f"{resource} line {n}")
+    return {section: Template(line) for section, (_, line) in lines.items()}
+
+
+def _inline_script(text: str, resource: str) -> str:
+    """scrubber.js as the one line that goes into each range input's ``oninput`` attribute.
+
+    How it is inlined: each line is stripped, a blank line or a line that is a ``//`` comment of its own is
+    dropped, and the rest are concatenated WITHOUT a separator into one line; ``static_html`` html-escapes
+    that line into ``oninput="..."`` (the browser un-escapes it before it compiles the handler, so quotes,
+    ``&&``, ``<`` or ``</script>`` reach the handler intact: the page holds no ``<script>`` element, and
+    no raw ``<`` of the script at all). What the join breaks, silently (the book builds, and the slider
+    stops moving the frames or the handler fails to compile, visible only in a browser's console), raises
+    a ValueError naming ``resource`` and the line:
+
+    * a ``//`` comment after code: it runs to the end of its line, and after the join the end of its line
+      is the end of the whole script, so it would comment out the rest of its line AND every line after it;
+    * a line that does not end with ``;``, ``{``, ``}``, ``,``, ``(`` or ``[``: JavaScript inserts a
+      semicolon at a line break where a statement cannot go on (``var a=1`` / ``b=2``, ``return`` /
+      ``x``); without the line break there is none (``var a=1b=2`` does not compile, ``returnx`` is a name);
+    * a string or template literal that does not close on its line: a backslash-continued string or a
+      template literal would lose its line break;
+    * a ``/* */`` comment still open at the end, and a script with no code.
+
+    A ``//`` inside a string is no comment and passes; a regular expression literal is read as code, so a
+    ``//`` in one fails loudly (write ``new RegExp(...)``). A ``}`` that closes an expression (a function
+    expression, an object literal) followed by more code needs its ``;`` too, which this check cannot tell
+    from a block's ``}``: the browser test (``tests/test_scrubber_browser.py``) runs the script.
+    """
+    code: list[str] = []
+    in_block = False  # inside a /* */ comment
+    opened = 0  # the line where the last /* comment opened
+    last: tuple[str, int] | None = None  # the last character of code so far (not a comment), and its line
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not in_block and (not line or line.startswith("//")):
+            continue
+        where = f"{resource} line {n}"
+        quote = ""
+        k = 0
+        while k < len(line):
+            ch = line[k]
+            if in_block:
+                if line.startswith("*/", k):
+                    in_block, k = False, k + 2
+                    continue
+            elif quote:
+                if ch == "\\":
+                    k += 2
+                    continue
+                if ch == quote:
+                    quote = ""
+                last = ch, n
+            elif line.startswith("/*", k):
+                in_block, opened, k = True, n, k + 2
+                continue
+            elif line.startswith("//", k):
+                raise ValueError(f"{where}, column {k + 1}: a // comment after code; the script's lines are "
+                                 "joined into one line (the oninput attribute), where it would comment out "
+                                 "everything after it. Put the comment on a line of its own, or use /* */")
+            else:
+                if ch in "'\"`":
+                    quote = ch
+                if not ch.isspace():
+                    last = ch, n
+            k += 1
+        if quote:
+            raise ValueError(f"{where}: a string opened with {quote} does not close on its line; the script's "
+                             "lines are joined without line breaks")
+        if not in_block and last is not None and last[0] not in _SCRIPT_LINE_ENDS:
+            raise ValueError(f"{resource} line {last[1]}: the line ends with {last[0]!r}, not with one of "
+                             f"{' '.join(sorted(_SCRIPT_LINE_ENDS))}; the script's lines are joined without "
+                             "line breaks, so no semicolon is inserted there")
+        code.append(line)
+    if in_block:
+        raise ValueError(f"{resource} line {opened}: a /* comment is not closed")
+    if last is None:
+        raise ValueError(f"{resource}: no code")
+    if last[0] not in ";}":
+        raise ValueError(f"{resource} line {last[1]}: the script ends with {last[0]!r}, not ; or }}")
+    return "".join(code)
+
+
+@dataclass(frozen=True)
+class ScrubberTemplate:
+    """The static scrubber's HTML sections (``string.Template``s) and its one line of JavaScript.
+
+    :meth:`parse` checks them; :func:`scrubber_template` is the package's own (``scrubber.html`` and
+    ``scrubber.js`` next to this module); ``Explorer.static_html(template)`` renders with another.
+    """
+
+    sections: dict[str, Template]
+    script: str
+
+    @classmethod
+    def parse(cls, html_text: str, js_text: str, html_name: str = "attnbook/explorers/scrubber.html",
+              js_name: str = "attnbook/explorers/scrubber.js") -> ScrubberTemplate:
+        """Check and split a scrubber template (the text of ``scrubber.html``) and inline its script (the
+        text of ``scrubber.js``). Raises ValueError naming ``html_name`` or ``js_name`` and the line when
+        a section spans two lines or is unknown, missing, repeated or empty; when a placeholder is
+        malformed, unknown, missing, repeated or unquoted in a tag; when the script holds what its join into
+        one line would break (a ``//`` comment after code, a line that relies on an inserted semicolon, a
+        string across lines)."""
+        for arg, value in (("html_text", html_text), ("js_text", js_text)):
+            if not isinstance(value, str):
+                raise TypeError(f"{arg} must be the text of a file (a str), got {type(value).__name__}")
+        return cls(_parse_sections(html_text, html_name), _inline_script(js_text, js_name))
+
+
 @functools.lru_cache(maxsize=1)
-def _scrubber_templates() -> dict[str, Template]:
-    """The sections of ``scrubber.html`` and the script of ``scrubber.js``, read once."""
+def scrubber_template() -> ScrubberTemplate:
+    """The package's scrubber template (``scrubber.html`` and ``scrubber.js``), read and checked once."""
     folder = resources.files(__package__)
-    sections: dict[str, Template] = {}
-    name = None
-    for line in folder.joinpath("scrubber.html").read_text(encoding="utf-8").splitlines():
-        if line.startswith("<!-- section: "):
-            name = line.removeprefix("<!-- section: ").removesuffix(" -->").strip()
-        elif name is not None and line.strip():
-            sections[name] = Template(line)
-            name = None
-    js = "".join(line.strip() for line in folder.joinpath("scrubber.js").read_text(encoding="utf-8").splitlines()
-                 if line.strip() and not line.strip().startswith("//"))
-    sections["script"] = Template(js)
-    return sections
+    return ScrubberTemplate.parse(folder.joinpath("scrubber.html").read_text(encoding="utf-8"),
+                                  folder.joinpath("scrubber.js").read_text(encoding="utf-8"))
 
 
 @dataclass
@@ -421,11 +663,14 @@ class Explorer:
             self._refresh = True
             self.update(**saved)
 
-    def static_html(self) -> str:
+    def static_html(self, template: ScrubberTemplate | None = None) -> str:
         """A self-contained scrubber: one range input per control with more than
         one static value, a label showing the current value, and the frames as
-        inline PNGs. No external script, style or font (see ``scrubber.html``)."""
-        tpl = _scrubber_templates()
+        inline PNGs. No external script, style or font (see ``scrubber.html``).
+        ``template``: another :class:`ScrubberTemplate` (default: the package's,
+        :func:`scrubber_template`)."""
+        template = template if template is not None else scrubber_template()
+        tpl = template.sections
         esc = html.escape
         frames = list(self.frames())
         moving = [c for c in self.controls if len(c.static_values) > 1]
@@ -438,7 +683,7 @@ class Explorer:
             value = self.values[c.name] if self.values[c.name] in c.static_values else c.static_values[0]
             start += c.static_values.index(value) * strides[c.name]
         digest = hashlib.sha1(b"".join(png for _, png, _ in frames)).hexdigest()[:10]
-        script = esc(tpl["script"].substitute())
+        script = esc(template.script)
         parts = [tpl["open"].substitute(digest=digest, title=esc(self.title))]
         labelwidth = max((len(str(c.label)) for c in moving), default=0) + 1
         for c in moving:
