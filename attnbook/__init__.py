@@ -15,7 +15,8 @@ below, or a subpackage's ``__init__`` for the names it lists):
   RoPE, ALiBi), ``layers`` (Transformer encoder/decoder layers equal to
   PyTorch's), ``efficient`` (sliding window, block sparse, linear, Performer,
   LSH, flash and decayed linear attention, and the registry of variants with
-  the pairs each one scores and their measured costs);
+  the pairs each one scores and their measured costs), ``latent`` (multi-head
+  latent attention, DeepSeek-V2/V3: the latent cache and absorbed decoding);
 * models: ``tasks`` (``tasks.data``: the vocabulary and the toy tasks;
   ``tasks.models``: the two toy transformers), ``train`` (fit, evaluate,
   attention alignment, and one input's every attention map), ``pretrained``
@@ -45,6 +46,8 @@ Dimension legend, one meaning per letter in every module:
     L    target length of a toy task, EOS included
     K    key length of the attention block the trained-heads explorer shows (S or L)
     D    head dimension (d_k);     Dv   value head dimension
+    Dn, Dr  a latent-attention head's position-free and rotary query/key features (D = Dn + Dr)
+    Dc, Dcq latent widths of multi-head latent attention's keys/values and queries (kv/q_lora_rank)
     E    model dimension (d_model); F   feed-forward width;  V  vocabulary size
     N    number of layers
     W    window half-width, or an efficient variant's locality size (block, chunk, tile)
@@ -109,7 +112,7 @@ __all__ = [
 # Submodules with heavier imports (matplotlib, ipywidgets, tokenizers) load on first use:
 # `attnbook.explorers.saturation_explorer()` works after a plain `import attnbook`.
 _LAZY = {"core", "mha", "positional", "kvcache", "layers", "efficient", "tasks", "train", "pretrained", "measure",
-         "plotting", "exercises", "explorers", "testing", "vision"}
+         "plotting", "exercises", "explorers", "testing", "vision", "latent"}
 
 
 def __getattr__(name: str) -> Any:

@@ -18,6 +18,7 @@ Stated tolerances (a pixel "differs" when a colour channel differs by more than 
 from __future__ import annotations
 
 import io
+import math
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -76,6 +77,24 @@ def assert_blit_matches_full_render(explorer: Explorer, first: dict, second: dic
     limit = max(10, int(MAX_FROZEN_SHARE * changed_full.size))
     assert frozen <= limit, (f"{frozen} pixels change in a full render from {first} to {second} but not in "
                              f"the fast frame (limit {limit}): an artist is missing from build's artists")
+
+
+def assert_renders_live_and_static(explorer: Explorer) -> None:
+    """The explorer's figure, its live widget and its static scrubber all show something: the widget's
+    image changes when its first control moves, and the scrubber holds one frame per static combination
+    (and stays under 1.5 MB)."""
+    assert_shows_something(figure_png(explorer.figure))
+    assert explorer.widget.children
+    image = explorer.image_widget
+    assert_shows_something(image.value)
+    first = next(iter(explorer.control_widgets.values()))
+    options = [v for _, v in first.options] if isinstance(first.options[0], tuple) else list(first.options)
+    before = image.value
+    first.value = options[-1] if first.value != options[-1] else options[0]
+    assert image.value != before, "moving the first control did not change the live image"
+    html = explorer.static_html()
+    assert html.count('class="ab-frame"') == math.prod(len(c.static) for c in explorer.controls)
+    assert len(html) < 1_500_000
 
 
 def _drawn_texts(fig: Figure) -> list:

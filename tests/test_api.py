@@ -1,6 +1,7 @@
-"""The package's shape: the names the chapters use resolve, the old module names are re-exports of the
-new ones, every submodule is listed in the package docstring, no module imports another's private
-names, and the explorer factories follow one naming pattern."""
+"""The package's shape: the names the chapters use resolve, every submodule is listed in the package
+docstring, no module imports another's private names, and the explorer factories follow one naming
+pattern; the tests import each name from its home (tests/test_architecture.py defines the homes and checks
+the chapters)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import json
 import pkgutil
 import re
 from pathlib import Path
-
-import pytest
 
 import attnbook
 import attnbook.explorers
@@ -62,58 +61,6 @@ def test_every_attnbook_name_the_chapters_use_resolves():
         except (AttributeError, ModuleNotFoundError) as err:
             unresolved.append(f"{name}: {err}")
     assert not unresolved, "\n".join(unresolved)
-
-
-@pytest.mark.parametrize("old, new, names", [
-    ("attnbook.widgets", "attnbook.explorers.saturation", ["saturation_explorer", "softmax_stats", "DK_VALUES"]),
-    ("attnbook.widgets", "attnbook.explorers.heads", ["head_explorer", "heads_explorer", "SENTENCES", "token_embeddings"]),
-    ("attnbook.widgets", "attnbook.explorers.masks", ["mask_explorer", "masks_explorer", "build_mask", "MASK_KINDS"]),
-    ("attnbook.widgets", "attnbook.explorers.positions", ["position_explorer", "positions_explorer", "POSITION_KINDS"]),
-    ("attnbook.widgets", "attnbook.plotting", [("mosaic", "heads_mosaic")]),
-    ("attnbook.explorer", "attnbook.explorers.base", ["Control", "Explorer", "FastFigure", "figure_png",
-                                                      "available_devices", "in_colab", "WIDGET_VIEW_MIME"]),
-    ("attnbook.efficient_explorer", "attnbook.explorers.efficient",
-     ["VARIANTS", "REFERENCES", "EXACT_VARIANTS", "WINDOW_MEANING", "T_VALUES", "WINDOWS", "attended_pairs",
-      "pair_picture", "pair_share", "cost_key", "measure_costs", "sequence_explorer", "efficient_explorer"]),
-    ("attnbook.efficient_explorer", "attnbook.efficient", ["make_inputs", "lsh_n_buckets", "attention_call",
-                                                           "NUM_FEATURES"]),
-    ("attnbook.efficient_explorer", "attnbook.measure", ["TensorMemoryTracker", "tracked_memory", "time_calls",
-                                                         "crossover"]),
-    ("attnbook.gqa_explorer", "attnbook.explorers.gqa", ["MODEL", "HEADS", "KV_CHOICES", "SEQ_LENS", "BENCH_DIVISOR",
-                                                         "valid_kv_heads", "kv_heads", "decode_inputs", "decode_key",
-                                                         "measure_decode", "gqa_explorer"]),
-    ("attnbook.gqa_explorer", "attnbook.mha", ["grouped_decode_attention"]),
-    ("attnbook.gqa_explorer", "attnbook.kvcache", ["kv_cache_bytes"]),
-    ("attnbook.gqa_explorer", "attnbook.measure", ["dispatched_ops"]),
-    ("attnbook.task_explorer", "attnbook.explorers.trained_heads", ["KINDS", "TaskAttention", "run_with_attention",
-                                                                    "trained_head_explorer", "trained_heads_explorer"]),
-    ("attnbook.pretrained", "attnbook.explorers.minilm", ["minilm_head_explorer", "EXPLORER_SENTENCES"]),
-    ("attnbook.pretrained", "attnbook.pretrained.files", ["MODEL_ID", "REVISION", "SHA256", "locate_files",
-                                                          "verify_files"]),
-    ("attnbook.pretrained", "attnbook.pretrained.model", ["MiniLM", "load_minilm", "tokenize", "word_spans",
-                                                          "head_stats", "MEASURES"]),
-    ("attnbook.tasks", "attnbook.tasks.data", ["Vocab", "Task", "copy_task", "reverse_task", "sort_task",
-                                               "addition_task"]),
-    ("attnbook.tasks", "attnbook.tasks.models", ["Seq2SeqTransformer", "DecoderOnlyTransformer"]),
-    ("attnbook", "attnbook._compat", ["default_device"]),
-    ("attnbook.core", "attnbook._compat", ["default_device"]),
-])
-def test_old_names_are_the_new_objects(old, new, names):
-    old_mod, new_mod = importlib.import_module(old), importlib.import_module(new)
-    for name in names:
-        old_name, new_name = name if isinstance(name, tuple) else (name, name)
-        assert getattr(old_mod, old_name) is getattr(new_mod, new_name), f"{old}.{old_name} is not {new}.{new_name}"
-
-
-def test_old_factory_names_are_aliases_of_the_one_pattern():
-    from attnbook.explorers import efficient, heads, masks, minilm, positions, trained_heads
-
-    assert heads.head_explorer is heads.heads_explorer
-    assert masks.mask_explorer is masks.masks_explorer
-    assert positions.position_explorer is positions.positions_explorer
-    assert efficient.sequence_explorer is efficient.efficient_explorer
-    assert trained_heads.trained_head_explorer is trained_heads.trained_heads_explorer
-    assert minilm.minilm_head_explorer is minilm.minilm_explorer
 
 
 def test_each_explorer_family_has_a_factory_named_after_it():
@@ -176,3 +123,17 @@ def test_the_scrubber_template_ships_with_the_package():
     assert '"attnbook.explorers" = ["scrubber.html", "scrubber.js"]' in text
     for name in ("scrubber.html", "scrubber.js"):
         assert (PACKAGE / "explorers" / name).is_file()
+
+
+def test_the_tests_import_each_name_from_its_home():
+    """DEVELOPERS.md: chapters, tests and bench import each public name from its home. (Tests of the private
+    modules, ``attnbook._checks`` and ``attnbook._compat``, reach their private names directly.)"""
+    from tests.test_architecture import chapter_uses, homes
+
+    wrong = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for module, name in chapter_uses(path.read_text(encoding="utf-8")):
+            home = homes().get(name)
+            if home is not None and home != module:
+                wrong.append(f"{path.relative_to(ROOT)}: {module}.{name} -> import it from its home, {home}")
+    assert not wrong, "\n".join(sorted(set(wrong)))

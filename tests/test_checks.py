@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnbook import _compat
+from attnbook import _compat, default_device
 from attnbook._checks import check_int, check_prob, shape_str
 from attnbook.explorers.base import device_control
 
@@ -102,6 +102,6 @@ def test_one_device_list():
     assert devices[0] == "cpu" and set(devices) <= set(_compat.DEVICE_PREFERENCE)
     assert ("cuda" in devices) == torch.cuda.is_available()
     best = next(d for d in _compat.DEVICE_PREFERENCE if d in devices)
-    assert _compat.default_device() == torch.device(best)
+    assert default_device() == torch.device(best)
     control = device_control()
     assert control.values == devices and control.default == "cpu" and control.static == ["cpu"]

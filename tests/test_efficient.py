@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnbook import scaled_dot_product_attention
+from attnbook import causal_mask, scaled_dot_product_attention, sliding_window_mask
 from attnbook.efficient import (
     bigbird_block_pattern,
     bigbird_pattern,
@@ -31,23 +31,8 @@ from attnbook.efficient import (
     performer_features,
     sliding_window_attention,
 )
-from attnbook.masks import causal_mask, sliding_window_mask
 from attnbook.measure import TensorMemoryTracker
-
-
-def rand(*shape, seed=0, dtype=torch.float64, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=dtype) * scale
-
-
-def qkv(B, H, T, D, S=None, Dv=None, seed=0, dtype=torch.float64):
-    S = T if S is None else S
-    Dv = D if Dv is None else Dv
-    return (
-        rand(B, H, T, D, seed=seed, dtype=dtype),
-        rand(B, H, S, D, seed=seed + 1, dtype=dtype),
-        rand(B, H, S, Dv, seed=seed + 2, dtype=dtype),
-    )
+from tests.helpers import qkv, randn
 
 
 def largest_tensor_bytes(fn) -> int:
@@ -142,17 +127,17 @@ def test_sliding_window_errors():
         sliding_window_attention(q, k, v, 2.5)
     with pytest.raises(ValueError, match="block_size must be an int >= 1, got 0"):
         sliding_window_attention(q, k, v, 2, block_size=0)
-    k2, v2 = rand(1, 2, 12, 4), rand(1, 2, 12, 4)
+    k2, v2 = randn(1, 2, 12, 4), randn(1, 2, 12, 4)
     with pytest.raises(ValueError, match=r"T=10 and S=12"):
         sliding_window_attention(q, k2, v2, 2)
     with pytest.raises(ValueError, match=r"same head dim D.*D=4.*D=5"):
-        sliding_window_attention(q, rand(1, 2, 10, 5), v, 2)
+        sliding_window_attention(q, randn(1, 2, 10, 5), v, 2)
     with pytest.raises(ValueError, match=r"must be 4-D.*\(10, 4\)"):
         sliding_window_attention(q[0, 0], k[0, 0], v[0, 0], 2)
     with pytest.raises(ValueError, match=r"do not broadcast"):
-        sliding_window_attention(q, rand(1, 3, 10, 4), rand(1, 3, 10, 4), 2)
+        sliding_window_attention(q, randn(1, 3, 10, 4), randn(1, 3, 10, 4), 2)
     with pytest.raises(ValueError, match=r"share \(B, H\)"):  # no broadcasting of heads either
-        sliding_window_attention(q, rand(1, 1, 10, 4), rand(1, 1, 10, 4), 2)
+        sliding_window_attention(q, randn(1, 1, 10, 4), randn(1, 1, 10, 4), 2)
     with pytest.raises(TypeError, match="floating-point"):
         sliding_window_attention(q.long(), k.long(), v.long(), 2)
 
@@ -324,7 +309,7 @@ def test_performer_features_orthogonal_and_seeded():
 
 def test_performer_feature_map_estimates_exp_kernel():
     D, m = 4, 4096
-    q, k = rand(3, D, seed=1, scale=0.5), rand(5, D, seed=2, scale=0.5)
+    q, k = randn(3, D, seed=1, scale=0.5), randn(5, D, seed=2, scale=0.5)
     ests = []
     for seed in range(8):
         w = performer_features(m, D, seed=seed, dtype=torch.float64)
@@ -419,7 +404,7 @@ def test_lsh_equals_masked_attention_over_sorted_chunks(causal):
 
 
 def test_lsh_buckets_deterministic_in_seed():
-    x = rand(2, 2, 64, 8)
+    x = randn(2, 2, 64, 8)
     b = lsh_buckets(x, 8, n_hashes=3, seed=0)
     assert b.shape == (2, 2, 3, 64) and b.dtype == torch.long
     assert b.min() >= 0 and b.max() < 8
@@ -428,7 +413,7 @@ def test_lsh_buckets_deterministic_in_seed():
     assert not torch.equal(b[:, :, 0], b[:, :, 1])  # rounds use different rotations
     assert torch.equal(lsh_buckets(x * 3.0, 8, n_hashes=3, seed=0), b)  # direction only
     # nearby directions share buckets more often than random pairs
-    near = lsh_buckets(x + 0.05 * rand(2, 2, 64, 8, seed=9), 8, n_hashes=3, seed=0)
+    near = lsh_buckets(x + 0.05 * randn(2, 2, 64, 8, seed=9), 8, n_hashes=3, seed=0)
     assert (near == b).float().mean() > 0.8
     _, got = lsh_attention(x, x, seed=0, n_hashes=3, return_buckets=True)
     assert torch.equal(got, b)
@@ -497,7 +482,7 @@ def _grads(fn, q, k, v, dout):
 def test_flash_gradients_equal_pytorch(T, S, block_size, query_block_size, causal, dtype):
     # T != S, sizes that are not multiples of either block, one query, one tile
     q, k, v = qkv(2, 3, T, 16, S=S, Dv=12, dtype=dtype)
-    dout = rand(2, 3, T, 12, seed=7, dtype=dtype)  # a random output gradient, not the all-ones of .sum()
+    dout = randn(2, 3, T, 12, seed=7, dtype=dtype)  # a random output gradient, not the all-ones of .sum()
     got = _grads(lambda q, k, v: flash_attention(q, k, v, causal=causal, block_size=block_size,
                                                  query_block_size=query_block_size), q, k, v, dout)
     want = _grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v, dout)
@@ -531,7 +516,7 @@ def test_flash_lse_gives_the_weights_and_the_backward_pass_by_hand():
         weights = torch.exp(scores - lse[..., None]) * allowed  # P = exp(s - lse): the weights, normalised
         torch.testing.assert_close(weights, torch.softmax(scores.masked_fill(~allowed, lowest), dim=-1))
         torch.testing.assert_close(out, weights @ v)
-        dout = rand(2, 2, T, 5, seed=3)
+        dout = randn(2, 2, T, 5, seed=3)
         by_hand = flash_attention_backward(q, k, v, out, lse, dout, causal=causal, block_size=8)
         want = _grads(lambda q, k, v, c=causal: F.scaled_dot_product_attention(q, k, v, is_causal=c), q, k, v, dout)[1:]
         for a, b in zip(by_hand, want):
@@ -541,7 +526,7 @@ def test_flash_lse_gives_the_weights_and_the_backward_pass_by_hand():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_flash_low_precision_computes_in_float32(dtype):
     q, k, v = qkv(1, 2, 40, 8, dtype=torch.float32)
-    dout = rand(1, 2, 40, 8, seed=5, dtype=torch.float32)
+    dout = randn(1, 2, 40, 8, seed=5, dtype=torch.float32)
     low = _grads(lambda q, k, v: flash_attention(q, k, v, causal=True, block_size=8),
                  *(t.to(dtype) for t in (q, k, v, dout)))
     ref = _grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v, dout)
@@ -578,7 +563,7 @@ def test_flash_training_memory_is_a_small_fraction_of_the_explicit_path():
     peak: dict[tuple[str, int], int] = {}
     for T in (512, 1024):
         q, k, v = qkv(1, 1, T, D, dtype=torch.float32)
-        dout = rand(1, 1, T, D, seed=4, dtype=torch.float32)
+        dout = randn(1, 1, T, D, seed=4, dtype=torch.float32)
         for name, fn in paths.items():
             runs = [tracked_memory(forward_backward(fn, q, k, v, grad_out=dout))["peak_bytes"] for _ in range(2)]
             assert runs[0] == runs[1], name  # deterministic: the same bytes every time
@@ -604,7 +589,7 @@ def test_flash_errors():
     with pytest.raises(ValueError, match="scale must be positive, got -1"):
         flash_attention(q, k, v, scale=-1.0)
     with pytest.raises(ValueError, match=r"same head dim D"):
-        flash_attention(q, rand(1, 1, 8, 5), v)
+        flash_attention(q, randn(1, 1, 8, 5), v)
     with pytest.raises(TypeError, match="share one dtype"):
         flash_attention(q, k.float(), v)
     out, lse = flash_attention_with_lse(q, k, v)
@@ -621,7 +606,7 @@ def test_registry_says_what_each_variant_is():
     from attnbook.efficient import REGISTRY, attention_call, make_inputs, variant
 
     T, W = 96, 16
-    q, k, v = make_inputs(T, D=8, dtype=torch.float64)
+    q, k, v = make_inputs(T, head_dim=8, dtype=torch.float64)
     patterns = {"sliding window": sliding_window_mask(T, W), "block sparse": bigbird_pattern(T, W)}
     assert list(REGISTRY)[:2] == ["exact", "pytorch"]  # the references first
     for name, var in REGISTRY.items():

@@ -33,9 +33,10 @@ pytestmark = pytest.mark.browser
 
 TOKEN = "attnbook-test-token"
 CELLS = [
-    "import attnbook.widgets\nsaturation = attnbook.widgets.saturation_explorer()\nsaturation",
-    "heads = attnbook.widgets.heads_explorer()\nheads.update(num_heads=1)\nheads",
-    "masks = attnbook.widgets.masks_explorer()\nmasks",
+    "from attnbook.explorers import heads_explorer, masks_explorer, saturation_explorer\n"
+    "saturation = saturation_explorer()\nsaturation",
+    "heads = heads_explorer()\nheads.update(num_heads=1)\nheads",
+    "masks = masks_explorer()\nmasks",
     "import torch\nfrom attnbook.vision import VisionTransformer, load_digits_split\n"
     "from attnbook.explorers import vit_explorer\n_ = torch.manual_seed(0)\n"
     "*_, x_test, y_test = load_digits_split()\n"

@@ -1,4 +1,5 @@
-"""Grouped-query attention and the KV cache."""
+"""Grouped-query attention, the KV caches, their size, and the timing of one decoding step over them
+(attnbook.kvcache's decode_inputs / measure_decode, which chapter 9's explorer shows)."""
 
 import pytest
 import torch
@@ -15,18 +16,16 @@ from attnbook import (
     merge_heads,
     split_heads,
 )
-from attnbook.kvcache import kv_cache_bytes
-
-
-def _x(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+from attnbook.kvcache import BENCH_DIVISOR, decode_inputs, decode_key, kv_cache_bytes, measure_decode
+from attnbook.mha import grouped_decode_attention
+from tests.helpers import randn, tiny_decoder_only
 
 
 @pytest.mark.parametrize("num_kv_heads", [1, 2, 4])
 def test_gqa_equals_explicit_repeat_of_kv_heads(num_kv_heads):
     torch.manual_seed(0)
     mha = MultiHeadAttention(32, 8, num_kv_heads=num_kv_heads).double()
-    x = _x(2, 6, 32, seed=1)
+    x = randn(2, 6, 32, seed=1)
     out, w = mha(x, mask=causal_mask(6))
     q = split_heads(mha.q_proj(x), 8)  # (B, 8, T, 4)
     k = split_heads(mha.k_proj(x), num_kv_heads)  # (B, Hkv, T, 4)
@@ -46,7 +45,7 @@ def test_gqa_with_all_heads_is_the_plain_module():
     a = MultiHeadAttention(16, 4).double()
     torch.manual_seed(0)
     b = MultiHeadAttention(16, 4, num_kv_heads=4).double()
-    x = _x(1, 5, 16)
+    x = randn(1, 5, 16)
     torch.testing.assert_close(a(x)[0], b(x)[0])
 
 
@@ -54,7 +53,7 @@ def test_gqa_with_all_heads_is_the_plain_module():
 def test_incremental_decoding_with_cache_equals_full_causal_pass(num_kv_heads):
     torch.manual_seed(0)
     mha = MultiHeadAttention(16, 4, num_kv_heads=num_kv_heads).double().eval()
-    x = _x(2, 7, 16, seed=3)
+    x = randn(2, 7, 16, seed=3)
     full, w_full = mha(x, mask=causal_mask(7))
     cache = KVCache()
     prompt, _ = mha(x[:, :3], mask=causal_mask(3), cache=cache)  # a 3-token prompt at once
@@ -85,12 +84,11 @@ def test_cache_memory_formula_and_errors():
 @pytest.mark.slow
 @pytest.mark.parametrize("num_layers", [1, 2])
 def test_decoder_only_generation_with_cache_gives_the_same_tokens_and_logits(num_layers):
-    from attnbook.tasks import DecoderOnlyTransformer, copy_task
+    from attnbook.tasks import copy_task
     from attnbook.train import fit
 
     task = copy_task(length=6, num_symbols=6)
-    torch.manual_seed(0)
-    model = DecoderOnlyTransformer(task.vocab, d_model=32, num_heads=4, num_layers=num_layers, max_len=32)
+    model = tiny_decoder_only(task, d_model=32, num_heads=4, num_layers=num_layers, dim_feedforward=None, max_len=32)
     fit(model, task, steps=60, batch_size=32, lr=3e-3, device="cpu", progress=False)  # enough to emit real tokens
     src, _ = task.batch(16, seed=5, split="test")
     plain, plain_logits = model.generate(src, 7, return_logits=True)
@@ -101,10 +99,10 @@ def test_decoder_only_generation_with_cache_gives_the_same_tokens_and_logits(num
 
 
 def test_cached_forward_rejects_padding_and_tracks_positions():
-    from attnbook.tasks import DecoderOnlyTransformer, copy_task
+    from attnbook.tasks import copy_task
 
     task = copy_task(length=4, num_symbols=4)
-    model = DecoderOnlyTransformer(task.vocab, d_model=16, num_heads=2, num_layers=1, max_len=8).eval()
+    model = tiny_decoder_only(task, d_model=16, num_heads=2, num_layers=1, dim_feedforward=None, max_len=8).eval()
     caches = model.new_caches()
     ids = torch.tensor([[4, 5, 6]])
     with torch.no_grad():
@@ -174,7 +172,7 @@ def _uncached(mha, x, rope=False):
 def test_both_caches_decode_as_the_uncached_pass_with_gqa_and_rope(make_cache, num_kv_heads, rope):
     torch.manual_seed(0)
     mha = MultiHeadAttention(32, 4, num_kv_heads=num_kv_heads).double().eval()
-    x = _x(2, 10, 32, seed=4)
+    x = randn(2, 10, 32, seed=4)
     with torch.no_grad():
         full = _uncached(mha, x, rope)
         cache = make_cache()
@@ -191,7 +189,7 @@ def test_both_caches_decode_as_the_uncached_pass_with_gqa_and_rope(make_cache, n
 def test_the_static_cache_writes_in_place_and_rejects_what_does_not_fit():
     cache = StaticKVCache(max_len=6)
     assert len(cache) == 0 and cache.allocated_bytes == 0 and cache.k is None
-    k0, v0 = _x(2, 3, 4, 5, seed=1), _x(2, 3, 4, 7, seed=2)  # (B, Hkv, T_new, D) and (B, Hkv, T_new, Dv)
+    k0, v0 = randn(2, 3, 4, 5, seed=1), randn(2, 3, 4, 7, seed=2)  # (B, Hkv, T_new, D) and (B, Hkv, T_new, Dv)
     k_all, v_all = cache.append(k0, v0)
     assert cache.k_buffer.shape == (2, 3, 6, 5) and cache.v_buffer.shape == (2, 3, 6, 7)
     assert cache.allocated_bytes == 2 * 3 * 6 * (5 + 7) * 8 and cache.nbytes == 2 * 3 * 4 * (5 + 7) * 8
@@ -204,7 +202,7 @@ def test_the_static_cache_writes_in_place_and_rejects_what_does_not_fit():
     with pytest.raises(ValueError, match="the cache is full: max_len=6, it holds 6 tokens and 1 more do not fit"):
         cache.append(k0[:, :, :1], v0[:, :, :1])
     with pytest.raises(ValueError, match="do not fit the cache's"):
-        cache.append(_x(2, 2, 1, 5), _x(2, 2, 1, 7))
+        cache.append(randn(2, 2, 1, 5), randn(2, 2, 1, 7))
     with pytest.raises(TypeError, match="the cache holds torch.float64"):
         cache.append(k0[:, :, :1].float(), v0[:, :, :1].float())
     cache.truncate(3)  # rewind: the next append overwrites positions 3..
@@ -220,12 +218,12 @@ def test_the_static_cache_writes_in_place_and_rejects_what_does_not_fit():
     with pytest.raises(ValueError, match=r"length must be an int in \[0, 0\], got 1"):
         cache.truncate(1)
     with pytest.raises(ValueError, match=r"k and v must be \(B, Hkv, T, D\)"):
-        cache.append(_x(2, 3, 5), _x(2, 3, 5))
+        cache.append(randn(2, 3, 5), randn(2, 3, 5))
 
 
 def test_the_concatenating_cache_truncates_and_checks_dtypes():
     cache = KVCache()
-    k0 = _x(1, 2, 5, 4)
+    k0 = randn(1, 2, 5, 4)
     cache.append(k0, k0)
     cache.truncate(2)
     assert len(cache) == 2
@@ -255,11 +253,10 @@ def test_bytes_copied_per_step_grow_with_concatenation_and_stay_flat_in_place():
 
 
 def test_model_generation_with_a_static_cache():
-    from attnbook.tasks import DecoderOnlyTransformer, copy_task
+    from attnbook.tasks import copy_task
 
     task = copy_task(length=4, num_symbols=5)
-    torch.manual_seed(0)
-    model = DecoderOnlyTransformer(task.vocab, d_model=16, num_heads=4, num_layers=2, max_len=16).eval()
+    model = tiny_decoder_only(task, d_model=16, num_heads=4, num_layers=2, dim_feedforward=None, max_len=16).eval()
     with torch.no_grad():
         model.head.bias[task.vocab.pad_id] = -100.0  # untrained: never emit PAD (a cached step refuses padding)
     src, _ = task.batch(4, seed=2, split="test")
@@ -269,3 +266,58 @@ def test_model_generation_with_a_static_cache():
     torch.testing.assert_close(static_logits, plain_logits, atol=1e-5, rtol=1e-5)
     caches = model.new_caches(static=True)
     assert all(isinstance(c, StaticKVCache) and c.max_len == 16 for c in caches)
+
+
+# ----------------------------------------------------------------------------- timing one decoding step
+
+
+def test_decode_inputs_shapes_seed_and_dtype():
+    q, k, v = decode_inputs(8, 2, 10, 16)
+    assert q.shape == (1, 8, 1, 16) and k.shape == v.shape == (1, 2, 10, 16)
+    assert q.dtype == k.dtype == torch.float32 and q.device.type == "cpu"
+    again = decode_inputs(8, 2, 10, 16)
+    assert all(torch.equal(a, b) for a, b in zip((q, k, v), again))  # seeded
+    assert not torch.equal(q, decode_inputs(8, 2, 10, 16, seed=1)[0]) and not torch.equal(k, v)
+    assert decode_inputs(4, 4, 3, 8, dtype=torch.float64)[1].dtype == torch.float64
+    assert decode_inputs(4, 1, 3)[0].shape == (1, 4, 1, 128)  # the default head dim: MODEL_7B's
+    with pytest.raises(ValueError, match="num_kv_heads=3 must divide num_heads=8"):
+        decode_inputs(8, 3, 10)
+
+
+def test_measure_decode_times_every_divisor_by_default_largest_first():
+    t = measure_decode(8, 128, head_dim=16, rounds=1)
+    assert list(t) == [decode_key(8, h, 128 // BENCH_DIVISOR) for h in (8, 4, 2, 1)]
+    assert all(s > 0 for s in t.values())
+    t = measure_decode(12, 64, head_dim=8, rounds=1)  # 12 has divisors no fraction H/n of KV_CHOICES reaches
+    assert list(t) == [decode_key(12, h, 8) for h in (12, 6, 4, 3, 2, 1)]
+    t = measure_decode(4, 64, [4], head_dim=8, rounds=1)
+    assert set(t) == {decode_key(4, 4, 8)}
+    assert set(measure_decode(4, 4, [1], head_dim=8, rounds=1)) == {decode_key(4, 1, 1)}  # at least one key
+    with pytest.raises(ValueError, match="must divide"):
+        measure_decode(8, 64, [3], rounds=1)
+    with pytest.raises(TypeError, match="seq_len must be an int"):
+        measure_decode(8, 64.0, rounds=1)
+    with pytest.raises(TypeError, match="rounds must be an int"):
+        measure_decode(8, 64, [8], rounds=1.0)
+
+
+def test_measure_decode_times_grouped_decode_attention_and_restores_the_threads(monkeypatch):
+    import attnbook.kvcache as kvcache
+
+    seen = []
+
+    def spy(q, k, v):
+        seen.append((tuple(q.shape), tuple(k.shape), torch.get_num_threads()))
+        return grouped_decode_attention(q, k, v)
+
+    monkeypatch.setattr(kvcache, "grouped_decode_attention", spy)
+    before = torch.get_num_threads()
+    measure_decode(8, 64, [8, 2], head_dim=4, rounds=1, threads=1)
+    assert torch.get_num_threads() == before
+    assert {(q, k) for q, k, _ in seen} == {((1, 8, 1, 4), (1, 8, 8, 4)), ((1, 8, 1, 4), (1, 2, 8, 4))}
+    assert {n for _, _, n in seen} == {1}  # timed with the threads asked for
+
+
+def test_decode_key_names_one_timing():
+    assert decode_key(32, 8, 512) == (32, 8, 512, "cpu")
+    assert decode_key(32, 8, 512, torch.device("cuda")) == decode_key(32, 8, 512, "cuda")

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from attnbook import causal_mask, padding_mask
 from attnbook.layers import (
     FeedForward,
     TransformerDecoder,
@@ -11,7 +12,7 @@ from attnbook.layers import (
     TransformerEncoder,
     TransformerEncoderLayer,
 )
-from attnbook.masks import causal_mask, padding_mask, to_additive
+from attnbook.masks import to_additive
 
 E, H, F_DIM = 16, 4, 32
 ATOL = 1e-5

@@ -13,16 +13,20 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnbook import MultiHeadAttention, masks, scaled_dot_product_attention
-from attnbook.masks import (
+from attnbook import (
+    MultiHeadAttention,
     causal_mask,
+    masks,
+    padding_mask,
+    scaled_dot_product_attention,
+    sliding_window_mask,
+)
+from attnbook.masks import (
     combine_masks,
     from_additive,
     from_blocked,
     from_key_padding_mask,
     lengths_from_mask,
-    padding_mask,
-    sliding_window_mask,
     to_additive,
     to_blocked,
 )

@@ -59,8 +59,18 @@ def test_tracked_memory_is_deterministic_and_sees_the_table():
 def test_time_calls_returns_positive_seconds():
     t = time_calls({"a": lambda: torch.ones(100).sum(), "b": lambda: None}, rounds=2)
     assert set(t) == {"a", "b"} and all(x >= 0 for x in t.values()) and t["a"] > 0
-    with pytest.raises(ValueError, match="rounds"):
+    with pytest.raises(ValueError, match="rounds must be an int >= 1, got 0"):
         time_calls({"a": lambda: None}, rounds=0)
+
+
+@pytest.mark.parametrize("rounds, kind", [(2.0, "float"), (True, "bool"), ("3", "str")])
+def test_rounds_of_the_wrong_type_is_a_type_error(rounds, kind):
+    calls = []
+    with pytest.raises(TypeError, match=f"rounds must be an int, got {kind}"):
+        time_samples({"a": lambda: calls.append(1)}, rounds=rounds)
+    with pytest.raises(TypeError, match=f"rounds must be an int, got {kind}"):
+        time_calls({"a": lambda: calls.append(1)}, rounds=rounds)
+    assert not calls  # refused before anything ran
 
 
 def test_crossover():

@@ -11,17 +11,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnbook import MultiHeadAttention, scaled_dot_product_attention
-from attnbook.masks import causal_mask
-from attnbook.positional import (
+from attnbook import (
     LearnedPositionalEmbedding,
+    MultiHeadAttention,
     RelativePositionBias,
     SinusoidalPositionalEncoding,
     alibi_bias,
     alibi_slopes,
     apply_rotary,
+    causal_mask,
     relative_position_bucket,
     rotary_permutation,
+    scaled_dot_product_attention,
     shift_matrix,
     sinusoidal_encoding,
 )

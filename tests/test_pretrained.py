@@ -6,8 +6,11 @@ them) and, for the reference, ``transformers``; where either is missing they ski
 CI=true, where they fail. Nothing here touches the network.
 """
 
+import importlib.metadata
 import os
 import sys
+import types
+from pathlib import Path, PurePosixPath
 
 import pytest
 import torch
@@ -17,10 +20,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from attnbook import MultiHeadAttention  # noqa: E402
 from attnbook import pretrained as P  # noqa: E402
+from attnbook.explorers import minilm_explorer  # noqa: E402
 from attnbook.explorers.base import figure_png  # noqa: E402
-from attnbook.explorers.minilm import EXPLORER_SENTENCES, minilm_explorer  # noqa: E402
+from attnbook.explorers.minilm import EXPLORER_SENTENCES  # noqa: E402
 from attnbook.layers import TransformerEncoderLayer  # noqa: E402
-from attnbook.pretrained import files as PF  # noqa: E402
 from tests.pixels import assert_blit_matches_full_render, assert_shows_something  # noqa: E402
 
 SENTENCES = [
@@ -64,6 +67,48 @@ def _fake_dir(tmp_path, **contents):
     for name in P.SHA256:
         (tmp_path / name).write_bytes(contents.get(name, b"not the real " + name.encode()))
     return tmp_path
+
+
+class _FakeBundle:
+    """What ``importlib.metadata`` knows of an installed bundle: its list of files, model.safetensors in
+    ``directory``."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.files = [PurePosixPath("bundle/__init__.py"), PurePosixPath("bundle/model.safetensors")]
+
+    def locate_file(self, f):
+        return self.directory / f.name
+
+
+def _installed_bundles(monkeypatch, directory: Path | None = None) -> None:
+    """Make ``importlib.metadata`` report no bundle installed, or one whose files lie in ``directory``
+    (every other distribution as installed)."""
+    real = importlib.metadata.distribution
+
+    def distribution(name):
+        if name in P.BUNDLES:
+            if directory is not None and name == P.BUNDLES[0]:
+                return _FakeBundle(directory)
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", distribution)
+
+
+def _hub(monkeypatch, directory: Path | None = None) -> list:
+    """A stand-in for ``huggingface_hub`` (no network): a download of the pinned revision lands in
+    ``directory``; with no directory, any download fails the test. Returns the files asked for."""
+    asked = []
+
+    def hf_hub_download(repo_id, filename, revision):
+        if directory is None:
+            pytest.fail("must not download without permission")
+        asked.append((repo_id, filename, revision))
+        return str(directory / filename)
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(hf_hub_download=hf_hub_download))
+    return asked
 
 
 def test_missing_file_is_named_with_its_hash_and_the_fix(tmp_path):
@@ -111,10 +156,10 @@ def test_corrupted_copy_of_the_real_files_is_refused(tmp_path, files_dir):
 
 
 def test_nothing_found_says_how_to_get_the_files(monkeypatch):
-    monkeypatch.setattr(PF, "_bundled_dirs", lambda: [])
+    _installed_bundles(monkeypatch)
     monkeypatch.delenv("ATTNBOOK_ALLOW_DOWNLOAD", raising=False)
     monkeypatch.delitem(sys.modules, "google.colab", raising=False)
-    monkeypatch.setattr(PF, "_download", lambda: pytest.fail("must not download without permission"))
+    _hub(monkeypatch)
     with pytest.raises(FileNotFoundError) as err:
         P.load_minilm()
     msg = str(err.value)
@@ -123,7 +168,8 @@ def test_nothing_found_says_how_to_get_the_files(monkeypatch):
 
 
 def test_a_damaged_bundle_is_reported(monkeypatch, tmp_path):
-    monkeypatch.setattr(PF, "_bundled_dirs", lambda: [_fake_dir(tmp_path)])
+    _installed_bundles(monkeypatch, _fake_dir(tmp_path))
+    _hub(monkeypatch)
     monkeypatch.delenv("ATTNBOOK_ALLOW_DOWNLOAD", raising=False)
     monkeypatch.delitem(sys.modules, "google.colab", raising=False)
     with pytest.raises(ValueError, match=r"config\.json .* has sha256"):
@@ -132,14 +178,16 @@ def test_a_damaged_bundle_is_reported(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("how", ["env", "colab"])
 def test_download_only_when_allowed_and_still_verified(monkeypatch, tmp_path, how):
-    monkeypatch.setattr(PF, "_bundled_dirs", lambda: [])
-    monkeypatch.setattr(PF, "_download", lambda: _fake_dir(tmp_path))  # stands in for the hub: no network
+    _installed_bundles(monkeypatch)
+    asked = _hub(monkeypatch, _fake_dir(tmp_path))  # stands in for the hub: no network
     if how == "env":
         monkeypatch.setenv("ATTNBOOK_ALLOW_DOWNLOAD", "1")
     else:
+        monkeypatch.delenv("ATTNBOOK_ALLOW_DOWNLOAD", raising=False)
         monkeypatch.setitem(sys.modules, "google.colab", object())
     with pytest.raises(ValueError, match=r"config\.json .* has sha256"):  # downloaded, then refused
         P.locate_files()
+    assert sorted(asked) == sorted((P.MODEL_ID, name, P.REVISION) for name in P.SHA256)  # the pinned revision
 
 
 def test_source_must_be_a_directory(tmp_path):
@@ -149,8 +197,26 @@ def test_source_must_be_a_directory(tmp_path):
         P.load_minilm(source=tmp_path / "nowhere")
 
 
-def test_bundled_wheel_is_found_from_its_file_list(files_dir):
-    assert files_dir in PF._bundled_dirs() or os.environ.get("ATTNBOOK_ALLOW_DOWNLOAD") == "1"
+def test_bundled_wheel_is_found_from_its_file_list(files_dir, monkeypatch):
+    downloads_allowed = os.environ.get("ATTNBOOK_ALLOW_DOWNLOAD") == "1"
+    monkeypatch.delenv("ATTNBOOK_ALLOW_DOWNLOAD", raising=False)
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    _hub(monkeypatch)  # no download: the files can only come from an installed bundle
+    try:
+        found = P.locate_files()
+    except FileNotFoundError:
+        found = None
+    assert found == files_dir or downloads_allowed
+
+
+def test_a_bundle_is_found_from_its_file_list_and_verified(monkeypatch, tmp_path, files_dir):
+    for name in P.SHA256:
+        (tmp_path / name).symlink_to(files_dir / name)
+    _installed_bundles(monkeypatch, tmp_path)
+    monkeypatch.delenv("ATTNBOOK_ALLOW_DOWNLOAD", raising=False)
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    _hub(monkeypatch)
+    assert P.locate_files() == tmp_path
 
 
 # --------------------------------------------------------------------- structure and tokenizer
@@ -268,10 +334,9 @@ def test_head_stats_on_known_patterns():
 
 
 @pytest.mark.slow
-def test_head_explorer_shows_the_models_own_weights(minilm):
+def test_minilm_explorer_shows_the_models_own_weights(minilm):
     model, tok = minilm
-    ex = minilm_explorer(model, tok, text="My own sentence, typed in.", static_layers=[1, 2],
-                                static_heads=[1, 3])
+    ex = minilm_explorer(model, tok, text="My own sentence, typed in.", static_layers=[1, 2], static_heads=[1, 3])
     assert ex.control("sentence").values[0] == "My own sentence, typed in."
     assert ex.control("layer").values == list(range(1, 7)) and ex.control("head").values == list(range(1, 13))
     d = ex.update(layer=2, head=3, sentence=EXPLORER_SENTENCES[0])

@@ -17,15 +17,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnbook import KVCache, MultiHeadAttention, StaticKVCache, apply_rotary, causal_mask, merge_heads, split_heads
-from attnbook.core import scaled_dot_product_attention
+from attnbook import (
+    KVCache,
+    MultiHeadAttention,
+    StaticKVCache,
+    apply_rotary,
+    causal_mask,
+    merge_heads,
+    scaled_dot_product_attention,
+    split_heads,
+)
 from attnbook.efficient import flash_attention
-
-F64 = torch.float64
-
-
-def _rand(*shape: int, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+from tests.helpers import qkv, randn
 
 
 @settings(max_examples=40, deadline=None)
@@ -37,7 +40,7 @@ def _rand(*shape: int, seed: int) -> torch.Tensor:
 def test_flash_equals_exact_attention(B, H, T, S, D, Dv, block_size, causal, seed, scale):
     if causal:
         S = T  # causal: self-attention, top-left aligned as in PyTorch
-    q, k, v = _rand(B, H, T, D, seed=seed), _rand(B, H, S, D, seed=seed + 1), _rand(B, H, S, Dv, seed=seed + 2)
+    q, k, v = qkv(B, H, T, D, S=S, Dv=Dv, seed=seed)
     mask = causal_mask(T, S) if causal else None
     expected, _ = scaled_dot_product_attention(q, k, v, mask, scale=scale)  # (B, H, T, Dv), one softmax
     out = flash_attention(q, k, v, causal=causal, block_size=block_size, scale=scale)
@@ -52,8 +55,8 @@ def test_flash_equals_exact_attention(B, H, T, S, D, Dv, block_size, causal, see
 )
 def test_flash_gradients_equal_exact_attention(T, S, D, Dv, block_size, query_block_size, causal, seed, scale):
     # top-left causal alignment (query i sees keys j <= i) also when T != S, as is_causal in PyTorch
-    q, k, v = _rand(1, 2, T, D, seed=seed), _rand(1, 2, S, D, seed=seed + 1), _rand(1, 2, S, Dv, seed=seed + 2)
-    dout = _rand(1, 2, T, Dv, seed=seed + 3)  # (B, H, T, Dv) the output's gradient
+    q, k, v = qkv(1, 2, T, D, S=S, Dv=Dv, seed=seed)
+    dout = randn(1, 2, T, Dv, seed=seed + 3)  # (B, H, T, Dv) the output's gradient
     mask = causal_mask(T, S) if causal else None
     grads = []
     for fn in (lambda q, k, v: flash_attention(q, k, v, causal=causal, block_size=block_size, scale=scale,
@@ -77,7 +80,7 @@ def test_cached_decoding_equals_the_uncached_causal_pass(H, kv_div, D, prefix, c
     torch.manual_seed(seed)
     m = MultiHeadAttention(E, H, num_kv_heads=num_kv_heads).double().eval()
     T = prefix + sum(chunks)
-    x = _rand(B, T, E, seed=seed)  # (B, T, E)
+    x = randn(B, T, E, seed=seed)  # (B, T, E)
     with torch.no_grad():
         full, _ = m(x, mask=causal_mask(T))  # (B, T, E): every token sees itself and the earlier ones
         cache = StaticKVCache(T + room) if static else KVCache()
@@ -94,13 +97,13 @@ def test_cached_decoding_equals_the_uncached_causal_pass(H, kv_div, D, prefix, c
 @settings(max_examples=50, deadline=None)
 @given(B=st.integers(1, 3), T=st.integers(1, 7), H=st.integers(1, 6), D=st.integers(1, 5), seed=st.integers(0, 999))
 def test_split_and_merge_heads_round_trip(B, T, H, D, seed):
-    x = _rand(B, T, H * D, seed=seed)  # (B, T, E)
+    x = randn(B, T, H * D, seed=seed)  # (B, T, E)
     heads = split_heads(x, H)  # (B, H, T, D)
     assert heads.shape == (B, H, T, D)
     assert torch.equal(merge_heads(heads), x)
     for h in range(H):  # head h is the slice h*D:(h+1)*D of every token's features
         assert torch.equal(heads[:, h], x[..., h * D:(h + 1) * D])
-    y = _rand(B, H, T, D, seed=seed + 1)  # (B, H, T, D)
+    y = randn(B, H, T, D, seed=seed + 1)  # (B, H, T, D)
     assert torch.equal(split_heads(merge_heads(y), H), y)
 
 
@@ -111,7 +114,7 @@ def test_split_and_merge_heads_round_trip(B, T, H, D, seed):
 )
 def test_rope_scores_depend_on_the_relative_position_only(half_D, m, n, shift, interleaved, base, seed):
     D = 2 * half_D
-    q, k = _rand(1, D, seed=seed), _rand(1, D, seed=seed + 1)  # (T=1, D): one query, one key
+    q, k = randn(1, D, seed=seed), randn(1, D, seed=seed + 1)  # (T=1, D): one query, one key
 
     def score(pos_q: int, pos_k: int) -> float:
         rq = apply_rotary(q, torch.tensor([pos_q]), base=base, interleaved=interleaved)

@@ -1,33 +1,23 @@
-"""attnbook.tasks (generators, vocab, models) and attnbook.train (fit, evaluate, alignment)."""
+"""attnbook.tasks: the generators, the vocabulary (teacher forcing's shifted input, what a decoder wrote up to
+its EOS) and the two toy models. Training them (attnbook.train) is tested in test_train.py.
+
+Dimension legend: B batch, S source length, L target length (EOS included), T sequence length, V vocabulary.
+"""
 
 import pytest
 import torch
-import torch.nn as nn
 
 from attnbook.tasks import (
-    DecoderOnlyTransformer,
     Seq2SeqTransformer,
-    Task,
     Vocab,
     addition_task,
     copy_task,
     reverse_task,
     sort_task,
 )
-from attnbook.tasks.data import _test_split
-from attnbook.train import Alignment, History, attention_alignment, evaluate, fit, predict
+from tests.helpers import tiny_decoder_only, tiny_seq2seq
 
 ALL_TASKS = [copy_task(6), reverse_task(6), sort_task(6), addition_task(3)]
-
-
-def _tiny_s2s(task, **kw):
-    torch.manual_seed(0)
-    return Seq2SeqTransformer(task.vocab, d_model=32, num_heads=2, dim_feedforward=64, **kw)
-
-
-def _tiny_dec(task, **kw):
-    torch.manual_seed(0)
-    return DecoderOnlyTransformer(task.vocab, d_model=32, num_heads=2, num_layers=2, dim_feedforward=64, **kw)
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -49,14 +39,19 @@ def test_same_seed_same_batch(task):
     assert not torch.equal(a, b) and torch.equal(a, task.batch(16, generator=g2)[0])
 
 
-@pytest.mark.parametrize("task", ALL_TASKS, ids=lambda t: t.name)
+SMALL_TASKS = [copy_task(2, num_symbols=10), reverse_task(2, num_symbols=10), sort_task(2, num_symbols=10),
+               addition_task(1), copy_task(3, num_symbols=5)]  # 100 or 125 sources: every one gets drawn
+
+
+@pytest.mark.parametrize("task", SMALL_TASKS, ids=lambda t: f"{t.name}-{t.src_len}")
 def test_train_and_test_splits_are_disjoint(task):
-    train, _ = task.batch(400, seed=0, split="train")
-    test, _ = task.batch(100, seed=0, split="test")
-    assert not _test_split(train).any()
-    assert _test_split(test).all()
-    everything, _ = task.batch(2000, seed=0, split="all")
-    assert 0.05 < _test_split(everything).float().mean() < 0.15  # about one in ten held out
+    def sources(n, split):
+        return {tuple(row) for row in task.batch(n, seed=0, split=split)[0].tolist()}
+
+    train, test, everything = sources(3000, "train"), sources(1000, "test"), sources(3000, "all")
+    assert not train & test  # a test source is never trained on
+    assert train | test == everything  # and every source is in one of them
+    assert 0.05 < len(test) / len(everything) < 0.15  # about one in ten held out
 
 
 def test_vocab_round_trip_and_errors():
@@ -75,6 +70,78 @@ def test_vocab_round_trip_and_errors():
         v.decode([99])
     with pytest.raises(ValueError, match="distinct"):
         Vocab("aa")
+
+
+def test_shift_right_is_teacher_forcings_input():
+    v = Vocab("abc")  # symbols a, b, c are ids 4, 5, 6 (after PAD, BOS, EOS, SEP)
+    B_, E, P = v.bos_id, v.eos_id, v.pad_id
+    tgt = torch.tensor([[4, 5, 6, E], [6, E, P, P]])  # (B, L)
+    shifted = v.shift_right(tgt)
+    assert shifted.tolist() == [[B_, 4, 5, 6], [B_, 6, E, P]]
+    assert shifted.dtype == tgt.dtype and tgt.tolist() == [[4, 5, 6, E], [6, E, P, P]]  # the input is left alone
+    assert v.shift_right(tgt[:, :1]).tolist() == [[B_], [B_]]
+    assert v.shift_right(tgt[:, :0]).shape == (2, 0)
+
+
+def test_shift_right_is_what_the_models_are_trained_on():
+    """loss() is the cross-entropy of the logits the model gives for the shifted target."""
+    task = copy_task(4)
+    model = tiny_seq2seq(task).eval()
+    src, tgt = task.batch(3, seed=0)
+    with torch.no_grad():
+        logits = model(src, task.vocab.shift_right(tgt))  # (B, L, V)
+        ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=Vocab.pad_id)
+        torch.testing.assert_close(model.loss(src, tgt), ce)
+
+
+def test_shift_right_errors():
+    with pytest.raises(TypeError, match=r"tgt must be a \(B, L\) tensor of token ids, got list"):
+        Vocab("abc").shift_right([[4, 5]])
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "package bug: Vocab.shift_right raises TypeError for a tensor of the wrong shape; the rule is ValueError "
+    "when the type is right and the value (the shape) is not (and its message prints torch.Size([4]), not (4,))"))
+def test_shift_right_wrong_shape_is_a_value_error():
+    with pytest.raises(ValueError, match=r"\(B, L\).*\(4,\)"):
+        Vocab("abc").shift_right(torch.tensor([4, 5, 6, 4]))
+
+
+def test_stop_after_eos_pads_what_follows_the_first_eos():
+    v = Vocab("abc")
+    E, P = v.eos_id, v.pad_id
+    ids = torch.tensor([[4, E, 5, E, 6],   # stops at the first EOS; a second one is padded too
+                        [4, 5, 6, 4, 5],   # no EOS: unchanged
+                        [E, 4, 4, 4, 4],   # EOS first
+                        [4, 5, 6, 4, E]])  # EOS last: unchanged
+    out = v.stop_after_eos(ids)
+    assert out.tolist() == [[4, E, P, P, P], [4, 5, 6, 4, 5], [E, P, P, P, P], [4, 5, 6, 4, E]]
+    assert out.dtype == ids.dtype and ids[0, 2] == 5  # a new tensor: the input is left alone
+    assert torch.equal(v.stop_after_eos(out), out)  # applying it twice changes nothing
+    assert v.decode(out, skip_special=False, stop_at_eos=False)[0] == "a<eos><pad><pad><pad>"
+
+
+def test_stop_after_eos_is_what_generate_returns():
+    """A model that says EOS, then other tokens, when forced to go on: its output stops at the first EOS."""
+    task = copy_task(4)
+    model = tiny_seq2seq(task)
+    with torch.no_grad():
+        model.head.bias.fill_(-10.0)
+        model.head.bias[Vocab.eos_id] = 10.0
+    src, _ = task.batch(2, seed=0)
+    out = model.generate(src, 4)
+    assert torch.equal(task.vocab.stop_after_eos(out), out)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "package bug: Vocab.stop_after_eos checks nothing: a list fails with AttributeError (no TypeError) and a "
+    "1-D tensor with IndexError from inside torch.cumsum (no ValueError naming ids and its shape)"))
+def test_stop_after_eos_errors():
+    v = Vocab("abc")
+    with pytest.raises(TypeError, match="ids"):
+        v.stop_after_eos([[4, 5]])
+    with pytest.raises(ValueError, match=r"ids.*\(4,\)"):
+        v.stop_after_eos(torch.tensor([4, 5, 6, 4]))
 
 
 @pytest.mark.parametrize("task", ALL_TASKS, ids=lambda t: t.name)
@@ -171,11 +238,11 @@ def test_task_errors():
 
 def test_seq2seq_shapes_and_attention():
     task = addition_task(3)
-    model = _tiny_s2s(task, num_encoder_layers=2)
+    model = tiny_seq2seq(task, num_encoder_layers=2)
     src, tgt = task.batch(4, seed=0)
     logits = model(src, tgt[:, :3])
     assert logits.shape == (4, 3, len(task.vocab))
-    logits2, attn = model(src, tgt[:, :3], return_attention=True)
+    logits2, attn = model(src, tgt[:, :3], need_weights=True)
     torch.testing.assert_close(logits, logits2, atol=1e-5, rtol=1e-5)
     assert [w.shape for w in attn["encoder"]] == [(4, 2, 7, 7)] * 2
     assert [w.shape for w in attn["decoder_self"]] == [(4, 2, 3, 3)]
@@ -188,10 +255,10 @@ def test_seq2seq_shapes_and_attention():
 
 def test_decoder_only_shapes_and_attention():
     task = copy_task(6)
-    model = _tiny_dec(task)
+    model = tiny_decoder_only(task)
     src, tgt = task.batch(3, seed=0)
     ids = torch.cat([src, torch.full((3, 1), Vocab.sep_id), tgt], dim=1)
-    logits, attn = model(ids, return_attention=True)
+    logits, attn = model(ids, need_weights=True)
     assert logits.shape == (3, 14, len(task.vocab))
     assert [w.shape for w in attn["self"]] == [(3, 2, 14, 14)] * 2
     assert torch.all(attn["self"][0].triu(diagonal=1) == 0)
@@ -203,12 +270,12 @@ def test_decoder_only_shapes_and_attention():
 
 def test_padded_source_is_ignored():
     task = copy_task(4)
-    model = _tiny_s2s(task).eval()
+    model = tiny_seq2seq(task).eval()
     src, tgt = task.batch(2, seed=0)
     padded = torch.cat([src, torch.full((2, 3), Vocab.pad_id)], dim=1)  # (B, S + 3)
-    tgt_in = model._teacher_input(tgt)
+    tgt_in = task.vocab.shift_right(tgt)
     with torch.no_grad():
-        logits, attn = model(padded, tgt_in, return_attention=True)
+        logits, attn = model(padded, tgt_in, need_weights=True)
         torch.testing.assert_close(logits, model(src, tgt_in), atol=1e-5, rtol=1e-5)
     assert torch.all(attn["decoder_cross"][0][..., 4:] == 0)
     assert torch.all(attn["encoder"][0][..., 4:] == 0)
@@ -216,7 +283,7 @@ def test_padded_source_is_ignored():
 
 def test_generate_pads_after_eos():
     task = copy_task(4)
-    model = _tiny_s2s(task)
+    model = tiny_seq2seq(task)
     with torch.no_grad():
         model.head.bias.fill_(-10.0)
         model.head.bias[Vocab.eos_id] = 10.0  # always says EOS at once
@@ -246,7 +313,7 @@ def _grad_wrt_embeddings(model, embed, run, position):
 
 def test_decoder_only_does_not_see_the_future():
     task = copy_task(6)
-    model = _tiny_dec(task)
+    model = tiny_decoder_only(task)
     src, tgt = task.batch(2, seed=0)
     ids = torch.cat([src, torch.full((2, 1), Vocab.sep_id), tgt], dim=1)[:, :-1]  # (B, 13)
     t = 8
@@ -262,9 +329,9 @@ def test_decoder_only_does_not_see_the_future():
 
 def test_seq2seq_decoder_does_not_see_the_future():
     task = reverse_task(6)
-    model = _tiny_s2s(task)
+    model = tiny_seq2seq(task)
     src, tgt = task.batch(2, seed=0)
-    tgt_in = model._teacher_input(tgt)
+    tgt_in = task.vocab.shift_right(tgt)
     t = 3
     grad = _grad_wrt_embeddings(model, model.tgt_embed, lambda: model(src, tgt_in), t)
     assert torch.all(grad[t + 1 :] == 0) and torch.all(grad[: t + 1] > 0)
@@ -274,89 +341,10 @@ def test_model_errors():
     task = copy_task(4)
     with pytest.raises(TypeError, match="vocab must be an attnbook.tasks.Vocab"):
         Seq2SeqTransformer(20)
-    model = _tiny_s2s(task, max_len=8)
+    model = tiny_seq2seq(task, max_len=8)
     with pytest.raises(TypeError, match="LongTensor"):
         model(torch.zeros(2, 4), torch.zeros(2, 3, dtype=torch.long))
     with pytest.raises(ValueError, match=r"ids must be in \[0, 14\)"):
         model(torch.full((2, 4), 50), torch.zeros(2, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="longer than max_len=8"):
         model(torch.full((2, 9), 5), torch.zeros(2, 3, dtype=torch.long))
-
-
-# ----------------------------------------------------------------------------- training
-
-
-class _Oracle(nn.Module):
-    """Writes the right answer and attends exactly where expected (or off by one)."""
-
-    def __init__(self, task, shift=0):
-        super().__init__()
-        self.task, self.shift = task, shift
-        self.w = nn.Parameter(torch.zeros(1))
-
-    def generate(self, src, max_new_tokens):
-        return self.task.solve(src)[:, :max_new_tokens]
-
-    def loss(self, src, tgt):
-        return self.w.sum()
-
-    def source_attention(self, src, tgt):
-        exp = self.task.alignment_targets(src, tgt).float()
-        exp = exp / exp.sum(-1, keepdim=True).clamp(min=1)  # (B, L, S)
-        wrong = exp.roll(1, dims=-1)
-        return [torch.stack([wrong, exp if self.shift == 0 else wrong], dim=1)]  # (B, 2, L, S)
-
-
-def test_evaluate_and_alignment_with_an_oracle():
-    task = reverse_task(5)
-    assert evaluate(_Oracle(task), task, n=100) == 1.0
-    al = attention_alignment(_Oracle(task), task, n=50)
-    assert isinstance(al, Alignment) and al.scores.shape == (1, 2)
-    assert (al.layer, al.head) == (0, 1) and al.score == pytest.approx(1.0)
-    assert al.scores[0, 0] == pytest.approx(0.0)
-    src = task.encode("01234")
-    assert task.decode(predict(_Oracle(task), task, src))[0] == "43210"
-
-
-def test_untrained_model_is_mostly_wrong():
-    task = addition_task(3)
-    assert evaluate(_tiny_s2s(task), task, n=100) < 0.1
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("make_model", [_tiny_s2s, _tiny_dec], ids=["seq2seq", "decoder-only"])
-def test_short_fit_reduces_loss(make_model):
-    task = copy_task(5)
-    model = make_model(task)
-    hist = fit(model, task, steps=40, batch_size=32, lr=3e-3, device="cpu", progress=False, eval_every=10, eval_n=32)
-    assert isinstance(hist, History)
-    assert hist.step == [10, 20, 30, 40]
-    assert len(hist.loss) == len(hist.accuracy) == len(hist.lr) == 4
-    assert hist.loss[-1] < 0.8 * hist.loss[0]
-    assert all(0.0 <= a <= 1.0 for a in hist.accuracy)
-    assert hist.seconds > 0 and not model.training
-    al = attention_alignment(model, task, n=32)
-    assert 0.0 <= al.score <= 1.0
-
-
-@pytest.mark.slow
-def test_fit_default_device_and_stop_at():
-    task = copy_task(4)
-    model = _tiny_s2s(task)
-    hist = fit(model, task, steps=30, batch_size=8, eval_every=5, eval_n=8, stop_at=0.0, progress=False)
-    assert hist.step == [5]  # stopped at the first evaluation point
-    assert next(model.parameters()).device.type in ("cpu", "cuda", "mps")
-
-
-def test_fit_errors():
-    task = copy_task(4)
-    model = _tiny_s2s(task)
-    with pytest.raises(ValueError, match="steps must be an int >= 1"):
-        fit(model, task, steps=0, progress=False)
-    with pytest.raises(ValueError, match="lr must be positive"):
-        fit(model, task, steps=1, lr=0.0, progress=False)
-    with pytest.raises(TypeError, match="task must be an attnbook.tasks.Task"):
-        fit(model, "copy", steps=1, progress=False)
-    with pytest.raises(TypeError, match="has no loss\\(\\) method"):
-        fit(nn.Linear(2, 2), task, steps=1, progress=False)
-    assert isinstance(task, Task)

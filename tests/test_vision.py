@@ -1,4 +1,5 @@
-"""Tests for attnbook.vision: patches, the ViT and its baseline, attention rollout, the digit speller.
+"""Tests for attnbook.vision: patches, the ViT and its baseline, attention rollout and [CLS]'s attention over
+the patches, the digit speller, and training on images (fit_images).
 
 Dimension legend: B batch, H heads, T tokens, Th/Tw patch grid, E model dim, C classes, L name length.
 """
@@ -16,7 +17,8 @@ from attnbook.vision import (
     VisionTransformer,
     accuracy,
     attention_rollout,
-    fit,
+    cls_attention,
+    fit_images,
     mlp_hidden_for,
     n_params,
     patch_grid,
@@ -126,6 +128,25 @@ def test_rollout():
         attention_rollout(weights, residual=1.0)
 
 
+def test_cls_attention_is_the_cls_row_over_the_patches():
+    torch.manual_seed(0)
+    vit = VisionTransformer(num_layers=3, num_heads=4)
+    _, weights = vit(images(B=2), need_weights=True)  # [(B, H, 17, 17) per layer]
+    raw = cls_attention(weights, 1, 2, "raw", (4, 4))
+    assert raw.shape == (4, 4)
+    torch.testing.assert_close(raw.flatten(), weights[1][0, 2, 0, 1:])  # image 0, head 2, [CLS]'s row, no [CLS]
+    torch.testing.assert_close(raw, patch_grid(weights[1][0, 2, 0, 1:][None], (4, 4))[0])  # raster order
+    mean = cls_attention(weights, 2, "mean", "raw", (4, 4))
+    torch.testing.assert_close(mean.flatten(), weights[2][0].mean(0)[0, 1:])
+    assert cls_attention(weights, 0, 3, "raw", (4, 4)).sum() < 1  # [CLS] keeps some weight for itself
+    for layer in range(3):
+        rolled = cls_attention(weights, layer, "mean", "rollout", (4, 4))
+        torch.testing.assert_close(rolled.flatten(), attention_rollout(weights[: layer + 1])[0, 0, 1:])
+        torch.testing.assert_close(cls_attention(weights, layer, 0, "rollout", (4, 4)), rolled)  # heads ignored
+    with pytest.raises(ValueError, match="view must be 'raw' or 'rollout', got 'saliency'"):
+        cls_attention(weights, 0, 0, "saliency", (4, 4))
+
+
 def test_spell():
     ids = spell(torch.tensor([7, 1]))
     assert ids.shape == (2, 6)
@@ -168,13 +189,13 @@ def test_training_learns_digits():
     assert x_tr.shape == (1348, 8, 8) and x_te.shape == (449, 8, 8) and 0 <= x_tr.min() and x_tr.max() <= 1
     torch.manual_seed(0)
     vit = VisionTransformer()
-    fit(vit, x_tr, y_tr, epochs=5)
+    fit_images(vit, x_tr, y_tr, epochs=5)
     assert accuracy(vit, x_te, y_te) > 0.25  # chance is 0.1; the ViT starts slowly (about 0.97 after 60 epochs)
     mlp = MLPClassifier()
-    fit(mlp, x_tr, y_tr, epochs=5)
+    fit_images(mlp, x_tr, y_tr, epochs=5)
     assert accuracy(mlp, x_te, y_te) > 0.8
     speller = DigitSpeller()
-    fit(speller, x_tr, y_tr, epochs=5)
+    fit_images(speller, x_tr, y_tr, epochs=5)
     assert accuracy(speller, x_te, y_te) > 0.3
     assert len(DIGIT_NAMES) == 10
 
@@ -193,7 +214,6 @@ def vit_and_images():
 
 def test_vit_explorer_shows_the_models_own_attention(vit_and_images):
     from attnbook.explorers import vit_explorer
-    from attnbook.explorers.vit import cls_attention
 
     vit, x, y = vit_and_images
     ex = vit_explorer(vit, x, y)
@@ -206,8 +226,6 @@ def test_vit_explorer_shows_the_models_own_attention(vit_and_images):
     d = ex.update(view="rollout", layer=0)
     torch.testing.assert_close(d["attention"], cls_attention(weights, 0, "mean", "rollout", (4, 4)))
     assert d["per_pixel"].shape == (8, 8) and "predicted" in ex.caption_text()
-    with pytest.raises(ValueError, match="view must be"):
-        cls_attention(weights, 0, 0, "saliency", (4, 4))
     with pytest.raises(TypeError, match="VisionTransformer"):
         vit_explorer(MLPClassifier(), x, y)
 

@@ -16,40 +16,25 @@ import pytest
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg as FigureCanvas
 
-from attnbook.explorers import efficient as ee
-from attnbook.explorers import gqa as gq
-from attnbook.explorers import heads, masks, positions, saturation
+from attnbook.explorers import (
+    efficient_explorer,
+    gqa_explorer,
+    heads_explorer,
+    masks_explorer,
+    positions_explorer,
+    saturation_explorer,
+    trained_heads_explorer,
+)
 from attnbook.explorers.base import Explorer
+from attnbook.explorers.gqa import HEADS, SEQ_LENS
+from attnbook.tasks import addition_task, copy_task, reverse_task
+from tests.helpers import fake_decode_timings, fake_efficient_costs, tiny_seq2seq
 from tests.pixels import assert_texts_fit
 
 
-def _gqa_measurements() -> dict:
-    out = {}
-    for H in gq.HEADS:
-        for S in gq.SEQ_LENS:
-            for hkv in gq.valid_kv_heads(H):
-                out[gq.decode_key(H, hkv, S // gq.BENCH_DIVISOR, "cpu")] = 1e-6 * hkv * S
-    return out
-
-
-def _efficient_costs() -> dict:
-    costs = {}
-    for n, name in enumerate(ee.VARIANTS + ("pytorch",)):
-        for T in (256, 1024, 4096):
-            costs[ee.cost_key(name, T, 64)] = {"time_s": 1e-5 * (n + 1) * T, "peak_bytes": 2000 * (n + 1) * T}
-    return costs
-
-
 def _trained_heads() -> Explorer:
-    from attnbook.explorers.trained_heads import trained_heads_explorer
-    from attnbook.tasks import Seq2SeqTransformer, addition_task, copy_task, reverse_task
-
     tasks = {"copy": copy_task(length=10), "reverse": reverse_task(length=10), "addition": addition_task(num_digits=3)}
-    models = {}
-    for name, task in tasks.items():
-        torch.manual_seed(0)
-        models[name] = (Seq2SeqTransformer(task.vocab, d_model=64, num_heads=4, num_encoder_layers=1,
-                                           num_decoder_layers=1, dim_feedforward=64).eval(), task)
+    models = {name: (tiny_seq2seq(task, d_model=64, num_heads=4).eval(), task) for name, task in tasks.items()}
     examples = {"copy": ["3141592653", "0123456789", "7777733333"],
                 "reverse": ["3141592653", "0123456789", "7777733333"],
                 "addition": ["123+456", "999+001", "505+495"]}
@@ -57,13 +42,14 @@ def _trained_heads() -> Explorer:
 
 
 EXPLORERS = {  # as chapters 2, 3, 4, 5, 7, 8 and 9 build them
-    "saturation": saturation.saturation_explorer,
-    "heads": heads.heads_explorer,
-    "masks": masks.masks_explorer,
-    "positions": positions.positions_explorer,
+    "saturation": saturation_explorer,
+    "heads": heads_explorer,
+    "masks": masks_explorer,
+    "positions": positions_explorer,
     "trained_heads": _trained_heads,
-    "efficient": lambda: ee.efficient_explorer(_efficient_costs()),
-    "gqa": lambda: gq.gqa_explorer(_gqa_measurements(), static_heads=(8, 32), static_seq=(4096, 32768)),
+    "efficient": lambda: efficient_explorer(fake_efficient_costs((256, 1024, 4096), 64)),
+    "gqa": lambda: gqa_explorer(fake_decode_timings(HEADS, SEQ_LENS), static_num_heads=(8, 32),
+                                static_seq_len=(4096, 32768)),
 }
 
 
@@ -102,7 +88,7 @@ def test_every_static_frame_shows_its_texts_whole_and_apart(name, no_tensor_to_n
 @pytest.mark.parametrize("num_heads", [1, 2, 4, 8, 16, 32])
 def test_every_head_count_fits(num_heads):
     """The heads explorer's scrubber shows 1 to 32 heads; the live one the same: every layout's texts fit."""
-    ex = heads.heads_explorer()
+    ex = heads_explorer()
     ex.update(num_heads=num_heads)
     assert_texts_fit(ex.figure, f"{num_heads} heads")
     w, h = ex.figure.get_size_inches()
@@ -111,7 +97,7 @@ def test_every_head_count_fits(num_heads):
 
 @pytest.mark.parametrize("T", [4, 6, 8, 12, 16])
 def test_mask_axes_count_whole_positions(T):
-    ex = masks.masks_explorer()
+    ex = masks_explorer()
     ex.update(T=T)
     for ax in ex.figure.axes:
         for ticks in (ax.get_xticks(), ax.get_yticks()):
@@ -122,7 +108,7 @@ def test_mask_axes_count_whole_positions(T):
 @pytest.mark.slow
 def test_minilm_frames(no_tensor_to_numpy):
     from attnbook import pretrained as P
-    from attnbook.explorers.minilm import minilm_explorer
+    from attnbook.explorers import minilm_explorer
 
     try:
         model, tok = P.load_minilm(P.locate_files())

@@ -1,74 +1,52 @@
-"""attnbook.explorers.gqa (chapter 9's explorer) without a browser: key/value head choices, the timed
-decoding step, and the explorer's data (against known cache sizes of real models), figure and frames.
-The cache formula is tested in test_kvcache.py, grouped decoding attention in test_mha.py, the profiler
-helper in test_measure.py."""
+"""attnbook.explorers.gqa (chapter 9's explorer) without a browser: the key/value head choices it offers, and
+its data (against known cache sizes of real models), figure, frames and live widget. The cache formula and
+the timed decoding step (decode_inputs, measure_decode) are tested in test_kvcache.py, valid_kv_heads in
+test_mha_valid_kv_heads.py, grouped decoding attention in test_mha.py."""
 
 import numpy as np
 import pytest
-import torch
 
-import attnbook
 from attnbook.explorers import gqa as gq
+from attnbook.explorers import gqa_explorer
 from attnbook.explorers.base import figure_png
+from attnbook.explorers.gqa import HEADS, KV_CHOICES, KV_HEADS, MODEL, SEQ_LENS
+from attnbook.kvcache import BENCH_DIVISOR, MODEL_7B, decode_key
+from tests.helpers import fake_decode_timings
 from tests.pixels import assert_blit_matches_full_render, assert_shows_something
 
 SEQ = (64, 128, 256)
 
 
-def _fake_measurements(heads=gq.HEADS, seq_lens=SEQ, device="cpu"):
-    """Deterministic stand-in timings for every (H, Hkv, S/8): proportional to the bytes read."""
-    out = {}
-    for H in heads:
-        for S in seq_lens:
-            for hkv in gq.valid_kv_heads(H):
-                out[gq.decode_key(H, hkv, S // gq.BENCH_DIVISOR, device)] = 1e-6 * hkv * S
-    return out
-
-
 @pytest.fixture(scope="module")
 def explorer():
-    return gq.gqa_explorer(_fake_measurements(), seq_lens=SEQ, static_heads=(8, 32), static_seq=(64, 256))
+    return gqa_explorer(fake_decode_timings(HEADS, SEQ), seq_len_options=SEQ, static_num_heads=(8, 32),
+                        static_seq_len=(64, 256))
 
 
-def test_valid_kv_heads_are_exactly_what_multihead_attention_accepts():
-    assert gq.valid_kv_heads(12) == [1, 2, 3, 4, 6, 12]
-    for h in range(1, 13):
-        ok = h in gq.valid_kv_heads(12)
-        if ok:
-            attnbook.MultiHeadAttention(24, 12, num_kv_heads=h)
-        else:
-            with pytest.raises(ValueError, match="divisor"):
-                attnbook.MultiHeadAttention(24, 12, num_kv_heads=h)
-    with pytest.raises(ValueError, match="num_heads"):
-        gq.valid_kv_heads(0)
+def test_the_choices_it_offers():
+    assert MODEL == MODEL_7B
+    assert KV_HEADS[32] == (32, 16, 8, 4, 1) and KV_HEADS[8] == (8, 4, 2, 1, 1)  # H/8 and MQA coincide at 8
+    assert set(KV_HEADS) == set(HEADS) and all(len(hkv) == len(KV_CHOICES) for hkv in KV_HEADS.values())
+    for H, hkv in KV_HEADS.items():
+        assert all(H % h == 0 and 1 <= h <= H for h in hkv)
+    ex = gqa_explorer(fake_decode_timings(HEADS, SEQ_LENS), static_num_heads=(8,), static_seq_len=(4096,))
+    assert ex.control("num_heads").values == list(HEADS) and ex.control("seq_len").values == list(SEQ_LENS)
+    assert ex.control("kv").values == list(KV_CHOICES)
+    for H in HEADS:
+        assert ex.update(num_heads=H, kv="MHA (=H)")["options"] == list(KV_HEADS[H])
 
 
 def test_every_kv_choice_is_a_valid_divisor_for_any_head_count():
-    assert [gq.kv_heads(32, c) for c in gq.KV_CHOICES] == [32, 16, 8, 4, 1]
-    assert [gq.kv_heads(8, c) for c in gq.KV_CHOICES] == [8, 4, 2, 1, 1]
-    for H in (1, 6, 8, 12, 16, 32, 40):
-        for c in gq.KV_CHOICES:
-            h = gq.kv_heads(H, c)
-            assert H % h == 0 and 1 <= h <= H
-    assert gq.kv_heads(12, "H/8") == 1 and gq.kv_heads(12, "H/4") == 3 and gq.kv_heads(6, "H/4") == 1
-    with pytest.raises(ValueError, match="choice must be one of"):
-        gq.kv_heads(8, "H/3")
-
-
-def test_decode_inputs_shapes_and_seed():
-    q, k, v = gq.decode_inputs(8, 2, 10, 16)
-    assert q.shape == (1, 8, 1, 16) and k.shape == v.shape == (1, 2, 10, 16)
-    assert torch.equal(q, gq.decode_inputs(8, 2, 10, 16)[0])
-    with pytest.raises(ValueError, match="must divide"):
-        gq.decode_inputs(8, 3, 10)
-
-
-def test_measure_decode_times_every_distinct_choice():
-    t = gq.measure_decode(8, 128, head_dim=16, rounds=1)
-    assert set(t) == {gq.decode_key(8, h, 16) for h in (8, 4, 2, 1)}
-    assert all(s > 0 for s in t.values())
-    t = gq.measure_decode(4, 64, [4], head_dim=8, rounds=1)
-    assert set(t) == {gq.decode_key(4, 4, 8)}
+    """Head counts that the fractions do not divide fall back to the largest divisor below H/n."""
+    heads = (1, 6, 12, 40)
+    ex = gqa_explorer(fake_decode_timings(heads, SEQ), num_heads_options=heads, seq_len_options=SEQ,
+                      static_num_heads=(6,), static_seq_len=(64,))
+    for H in heads:
+        for c in KV_CHOICES:
+            h = ex.update(num_heads=H, kv=c)["num_kv_heads"]
+            assert H % h == 0 and 1 <= h <= H, (H, c, h)
+    got = {(H, c): ex.update(num_heads=H, kv=c)["num_kv_heads"] for H, c in ((12, "H/8"), (12, "H/4"), (6, "H/4"))}
+    assert got == {(12, "H/8"): 1, (12, "H/4"): 3, (6, "H/4"): 1}
 
 
 def test_explorer_memory_is_the_counted_cache(explorer):
@@ -123,11 +101,11 @@ def test_explorer_measures_missing_combinations_once(monkeypatch):
 
     def fake(H, S, options, **kwargs):
         calls.append((H, S, tuple(options)))
-        return {gq.decode_key(H, h, S // gq.BENCH_DIVISOR, kwargs.get("device", "cpu")): 1e-3 for h in options}
+        return {decode_key(H, h, S // BENCH_DIVISOR, kwargs.get("device", "cpu")): 1e-3 for h in options}
 
     monkeypatch.setattr(gq, "measure_decode", fake)
     given = {}
-    ex = gq.gqa_explorer(given, seq_lens=SEQ, static_heads=(8,), static_seq=(64,))
+    ex = gqa_explorer(given, seq_len_options=SEQ, static_num_heads=(8,), static_seq_len=(64,))
     ex.update(kv="MQA (1)")
     ex.update(kv="H/2")
     assert calls == [(8, 64, (8, 4, 2, 1))]  # one measurement for all choices, then reused
@@ -139,17 +117,18 @@ def test_static_frames_need_no_measuring(monkeypatch):
         raise AssertionError("measured although the numbers were given")
 
     monkeypatch.setattr(gq, "measure_decode", refuse)
-    ex = gq.gqa_explorer(_fake_measurements(), seq_lens=SEQ, static_heads=(8, 32), static_seq=(64, 256))
+    ex = gqa_explorer(fake_decode_timings(HEADS, SEQ), seq_len_options=SEQ, static_num_heads=(8, 32),
+                      static_seq_len=(64, 256))
     html = ex.static_html()
-    assert html.count('class="ab-frame"') == 2 * len(gq.KV_CHOICES) * 2
+    assert html.count('class="ab-frame"') == 2 * len(KV_CHOICES) * 2
     assert html.count('class="ab-range"') == 3  # heads, KV heads and length move; the device is fixed
     assert "<script" not in html
 
 
 def test_live_widget_follows_the_controls(explorer):
-    assert explorer.widget is not None
-    explorer._controls_w["num_heads"].value = 8
-    explorer._controls_w["kv"].value = "H/4"
+    controls = explorer.control_widgets  # builds the ipywidgets UI
+    controls["num_heads"].value = 8
+    controls["kv"].value = "H/4"
     assert explorer.data["num_kv_heads"] == 2
-    assert_shows_something(explorer._image_w.value)
-    assert "2 KV heads" in explorer._caption_w.value
+    assert_shows_something(explorer.image_widget.value)
+    assert "2 KV heads" in explorer.caption_widget.value

@@ -94,17 +94,32 @@ def test_fixed_controls_are_listed_not_scrubbed():
 def test_widget_drives_the_explorer():
     ex = _toy()
     box = ex.widget
-    slider = ex._controls_w["a"]
+    controls = ex.control_widgets
+    assert list(controls) == ["a", "b"] and list(box.children[1:3]) == list(controls.values())
+    slider = controls["a"]
     assert isinstance(slider, ipywidgets.SelectionSlider)
-    before = ex._image_w.value
+    image, caption = ex.image_widget, ex.caption_widget
+    assert isinstance(image, ipywidgets.Image) and isinstance(caption, ipywidgets.HTML)
+    before = image.value
     slider.value = 1
     assert ex.values["a"] == 1 and ex.data["y"] == [1, 2, 3]
-    assert ex._image_w.value != before
-    assert_shows_something(ex._image_w.value)
-    assert "a is 1" in ex._caption_w.value
+    assert image.value != before
+    assert_shows_something(image.value)
+    assert "a is 1" in caption.value
     ex.update(b="down")  # and the other way round: update() moves the widget
-    assert ex._controls_w["b"].value == "down"
-    assert box.children[-2] is ex._image_w
+    assert controls["b"].value == "down"
+    assert box.children[-2] is image and box.children[-1] is caption
+    assert ex.image_widget is image and ex.widget is box  # built once
+
+
+def test_the_widget_accessors_build_the_widget_on_first_use():
+    for first in ("control_widgets", "image_widget", "caption_widget"):
+        ex = _toy()
+        getattr(ex, first)
+        assert ex.image_widget.value and "a is 2" in ex.caption_widget.value
+        assert ex.control_widgets["a"].value == 2
+        ex.control_widgets.clear()  # a copy: clearing it leaves the explorer's controls alone
+        assert set(ex.control_widgets) == {"a", "b"}
 
 
 def _capture(monkeypatch):

@@ -1,7 +1,8 @@
 """Tests for attnbook.efficient.decayed_linear_attention: its three forms agree, gamma = 1 is causal linear
 attention, the decay acts as its definition says, and bad input names the problem.
 
-Dimension legend: B batch, H heads, T length, D head dim, Dv value head dim.
+Dimension legend: B batch, H heads, T length, D head dim, Dv value head dim. Unless said, q and k are
+(2, 3, T, 8) and v (2, 3, T, 5): three heads, each with its own gamma in the per-head tests.
 """
 
 from __future__ import annotations
@@ -16,16 +17,7 @@ from attnbook.efficient import (
     linear_attention,
     linear_attention_recurrent,
 )
-
-
-def rand(*shape, seed=0, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=dtype)
-
-
-def qkv(B=2, H=3, T=37, D=8, Dv=5, seed=0, dtype=torch.float64):
-    return rand(B, H, T, D, seed=seed, dtype=dtype), rand(B, H, T, D, seed=seed + 1, dtype=dtype), \
-        rand(B, H, T, Dv, seed=seed + 2, dtype=dtype)
+from tests.helpers import qkv
 
 
 def definition(q, k, v, gamma, eps=1e-6):
@@ -49,7 +41,7 @@ def definition(q, k, v, gamma, eps=1e-6):
 @pytest.mark.parametrize("gamma", [0.5, 0.9, 1.0, "per-head"])
 @pytest.mark.parametrize("chunk_size", [1, 4, 16, 64])
 def test_three_forms_agree(gamma, chunk_size):
-    q, k, v = qkv()
+    q, k, v = qkv(2, 3, 37, 8, Dv=5)
     g = torch.tensor([0.3, 0.8, 1.0], dtype=torch.float64) if gamma == "per-head" else gamma
     ref = decayed_linear_attention(q, k, v, g, method="parallel")
     for method in ("recurrent", "chunkwise"):
@@ -58,13 +50,13 @@ def test_three_forms_agree(gamma, chunk_size):
 
 
 def test_matches_the_definition():
-    q, k, v = qkv(T=9)
+    q, k, v = qkv(2, 3, 9, 8, Dv=5)
     for gamma in (0.6, torch.tensor([0.2, 0.7, 1.0], dtype=torch.float64)):
         torch.testing.assert_close(decayed_linear_attention(q, k, v, gamma), definition(q, k, v, gamma))
 
 
 def test_gamma_one_is_causal_linear_attention():
-    q, k, v = qkv(T=50)
+    q, k, v = qkv(2, 3, 50, 8, Dv=5)
     for method in DECAYED_METHODS:
         out = decayed_linear_attention(q, k, v, 1.0, method=method, chunk_size=16)
         torch.testing.assert_close(out, linear_attention(q, k, v, causal=True), rtol=1e-10, atol=1e-10)
@@ -73,7 +65,7 @@ def test_gamma_one_is_causal_linear_attention():
 
 def test_float32_long_sequence_no_overflow():
     """gamma^(i-j) underflows to 0 far back instead of overflowing; chunked and parallel still agree."""
-    q, k, v = qkv(B=1, H=2, T=600, dtype=torch.float32)
+    q, k, v = qkv(1, 2, 600, 8, Dv=5, dtype=torch.float32)
     for gamma in (0.5, 0.99):
         a = decayed_linear_attention(q, k, v, gamma, method="parallel")
         b = decayed_linear_attention(q, k, v, gamma, chunk_size=128)
@@ -83,14 +75,14 @@ def test_float32_long_sequence_no_overflow():
 
 def test_small_gamma_forgets():
     """With a tiny gamma the output at t is (nearly) v_t itself: the state holds almost only the last step."""
-    q, k, v = qkv(T=20)
+    q, k, v = qkv(2, 3, 20, 8, Dv=5)
     out = decayed_linear_attention(q, k, v, 1e-6)
     torch.testing.assert_close(out, v, rtol=1e-4, atol=1e-4)
 
 
 def test_causal():
     """Changing the future does not change the past."""
-    q, k, v = qkv(T=30)
+    q, k, v = qkv(2, 3, 30, 8, Dv=5)
     out = decayed_linear_attention(q, k, v, 0.8)
     k2, v2 = k.clone(), v.clone()
     k2[:, :, 20:] += 1.0
@@ -100,13 +92,13 @@ def test_causal():
 
 
 def test_gradients_flow():
-    q, k, v = (t.requires_grad_() for t in qkv(T=12))
+    q, k, v = (t.requires_grad_() for t in qkv(2, 3, 12, 8, Dv=5))
     decayed_linear_attention(q, k, v, 0.9, chunk_size=5).sum().backward()
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
 def test_bad_input():
-    q, k, v = qkv(T=10)
+    q, k, v = qkv(2, 3, 10, 8, Dv=5)
     with pytest.raises(ValueError, match=r"gamma must be in \(0, 1\]"):
         decayed_linear_attention(q, k, v, 0.0)
     with pytest.raises(ValueError, match=r"gamma must be in \(0, 1\]"):

@@ -1,6 +1,6 @@
-"""attnbook.explorers.trained_heads without a browser: the maps it shows are the model's own
-attention on the chosen input, the controls change them, the figure draws them,
-and the static scrubber holds one frame per combination.
+"""attnbook.explorers.trained_heads (chapter 7's explorer) without a browser: the maps it shows are the model's
+own attention on the chosen input, the controls change them, the figure draws them, and the static scrubber
+holds one frame per combination. What it runs (attnbook.train.run_with_attention) is tested in test_train.py.
 
 Dimension legend: H heads, S source length, L target length (EOS included),
 T and K the query and key length of the block shown.
@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 import torch
 
+from attnbook.explorers import trained_heads_explorer
 from attnbook.explorers.base import figure_png
-from attnbook.explorers.trained_heads import KINDS, run_with_attention, trained_heads_explorer
-from attnbook.tasks import DecoderOnlyTransformer, Seq2SeqTransformer, addition_task, copy_task
-from attnbook.train import attention_alignment, fit, predict
+from attnbook.explorers.trained_heads import KINDS
+from attnbook.tasks import addition_task, copy_task
+from attnbook.train import attention_alignment, fit, predict, run_with_attention
+from tests.helpers import seq2seq_attention, tiny_decoder_only, tiny_seq2seq
 from tests.pixels import assert_blit_matches_full_render, assert_shows_something
 
 COPY = copy_task(length=4, num_symbols=5)
@@ -23,15 +25,10 @@ ADD = addition_task(num_digits=1)
 EXAMPLES = {"copy": ["0123", "4441", "2020"], "addition": ["3+4", "9+9", "0+5"]}
 
 
-def _model(task, num_heads=2, decoder_layers=1, seed=0):
-    torch.manual_seed(seed)
-    return Seq2SeqTransformer(task.vocab, d_model=16, num_heads=num_heads, num_encoder_layers=1,
-                              num_decoder_layers=decoder_layers, dim_feedforward=32).eval()
-
-
 @pytest.fixture(scope="module")
 def models():
-    return {"copy": (_model(COPY, num_heads=2, decoder_layers=2), COPY), "addition": (_model(ADD, num_heads=4), ADD)}
+    return {"copy": (tiny_seq2seq(COPY, d_model=16, num_heads=2, num_decoder_layers=2, dim_feedforward=32).eval(), COPY),
+            "addition": (tiny_seq2seq(ADD, d_model=16, num_heads=4, dim_feedforward=32).eval(), ADD)}
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +36,10 @@ def explorer(models):
     return trained_heads_explorer(models, EXAMPLES, static_examples=2)
 
 
-def _reference(model, task, text):
-    """The model's own attention when it reads ``text`` and its own greedy output."""
-    src = task.encode(text)  # (1, S)
-    out = predict(model, task, src)  # (1, L)
-    tgt_in = torch.cat([torch.full_like(out[:, :1], task.vocab.bos_id), out[:, :-1]], dim=1)  # (1, L)
-    with torch.no_grad():
-        _, attn = model(src, tgt_in, return_attention=True)
-    return out, attn
+def test_each_kind_is_one_of_the_models_attention_maps(explorer, models):
+    _, attn = seq2seq_attention(*models["copy"], "0123")
+    assert sorted(KINDS.values()) == sorted(attn)  # every map the model returns, once
+    assert explorer.control("kind").values == list(KINDS)
 
 
 @pytest.mark.parametrize("task_name", ["copy", "addition"])
@@ -55,7 +48,7 @@ def test_maps_are_the_models_attention_on_that_input(explorer, models, task_name
     model, task = models[task_name]
     for example, text in enumerate(EXAMPLES[task_name]):
         d = explorer.update(task=task_name, example=example, kind=kind, layer=0)
-        out, attn = _reference(model, task, text)
+        out, attn = seq2seq_attention(model, task, text)
         torch.testing.assert_close(d["weights"], attn[KINDS[kind]][0][0])  # (H, T, K)
         assert d["source"] == text and d["prediction"] == task.decode(out[0])
         S, L = task.src_len, task.tgt_len + 1
@@ -150,7 +143,7 @@ def test_bad_arguments_are_named(models):
         trained_heads_explorer(models, {"copy": ["01234"], "addition": ["3+4"]})
     with pytest.raises(ValueError, match="static_examples"):
         trained_heads_explorer(models, EXAMPLES, static_examples=4)
-    decoder_only = DecoderOnlyTransformer(ADD.vocab, d_model=16, num_heads=2, num_layers=1)
+    decoder_only = tiny_decoder_only(ADD, d_model=16, num_heads=2, num_layers=1)
     with pytest.raises(TypeError, match="Seq2SeqTransformer"):
         trained_heads_explorer({"addition": (decoder_only, ADD)}, {"addition": ["3+4"]})
     with pytest.raises(TypeError, match=r"\(model, task\)"):
@@ -160,9 +153,7 @@ def test_bad_arguments_are_named(models):
 @pytest.mark.slow
 def test_a_briefly_trained_copier_shows_the_diagonal():
     task = copy_task(length=5, num_symbols=5)
-    torch.manual_seed(0)
-    model = Seq2SeqTransformer(task.vocab, d_model=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
-                               dim_feedforward=64)
+    model = tiny_seq2seq(task, d_model=32, num_heads=2, dim_feedforward=64)
     fit(model, task, steps=120, warmup=10, device="cpu", progress=False, eval_every=120, eval_n=50)
     ex = trained_heads_explorer({"copy": (model, task)}, {"copy": ["01234", "43210"]})
     d = ex.update(example=1, kind="cross-attention")
