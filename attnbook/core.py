@@ -134,8 +134,8 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, *, in
     ``scores + bias`` is several times faster than ``masked_fill`` with a broadcast bool mask. A sum that
     rounds down to -inf (a score below about -1e31 in float32) still gets weight 0. The rows with no
     allowed key are found on the mask (:func:`fully_masked_rows`, no larger than the mask), left unmasked
-    so that their softmax stays finite, and set to zero afterwards: that pass over the weights runs only
-    when there is such a row. A float mask blocks a row when every masked score of it is at most
+    so that their softmax stays finite, and set to zero afterwards: on a CPU that pass over the weights runs
+    only when there is such a row (on a GPU, where asking would wait for the device, it always runs). A float mask blocks a row when every masked score of it is at most
     ``finfo.min / 2`` (-inf included).
     """
     if not isinstance(scores, torch.Tensor):
@@ -149,12 +149,15 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, *, in
     if work != dtype:
         scores, inplace = scores.to(work), True  # (..., T, S) a copy of our own in float32
     blocked = None  # (..., T, 1) rows with no key to attend to, when there are any
+    # on a CPU, look whether any row is fully blocked and skip the zeroing pass when none is; on a GPU the
+    # look would wait for the device, so the pass always runs there
+    ask = scores.device.type == "cpu"
     if mask is not None:
         check_mask(mask, scores.shape)
         mask = mask.to(scores.device).reshape(mask.shape or (1,))  # a 0-d mask as (1,): it has a last dim
         if mask.dtype == torch.bool:
             none = fully_masked_rows(mask)  # (..., T, 1), no larger than the mask
-            if bool(none.any()):
+            if not ask or bool(none.any()):
                 blocked = none
                 mask = mask | blocked  # unmasked here (finite scores), zeroed below
             # 0 or finfo(dtype).min, mask-sized; bool -> uint8 is a view, and uint8 -> float is vectorised
@@ -166,7 +169,7 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, *, in
             # a float mask may block with -inf or with finfo.min (see masks.to_additive); a row whose every
             # score is that low has no key to attend to: give it finite scores, zero its weights below
             low = scores.amax(dim=-1, keepdim=True) <= torch.finfo(dtype).min / 2  # (..., T, 1)
-            if bool(low.any()):
+            if not ask or bool(low.any()):
                 blocked = low
                 scores = scores.masked_fill_(blocked, 0.0)  # our own tensor by now: in place
     weights = F.softmax(scores, dim=-1).to(dtype)  # (..., T, S)

@@ -234,6 +234,17 @@ def test_masked_softmax_float_mask_is_added_and_huge_scores_stay_finite():
     assert torch.equal(masked_softmax(scores, torch.tensor(False)), torch.zeros_like(scores))  # 0-d mask
 
 
+def test_masked_softmax_off_the_cpu_always_zeroes_the_rows():
+    # off the CPU the check for fully masked rows is skipped (it would wait for the device): the zeroing pass
+    # always runs; "meta" tensors (shapes only) run that path here
+    mask = causal_mask(5, 6, offset=-1)  # (T, S), row 0 allows no key
+    for dtype in (torch.float32, torch.float16):
+        w = masked_softmax(torch.empty(2, 5, 6, dtype=dtype, device="meta"), mask.to("meta"))
+        assert w.device.type == "meta" and w.shape == (2, 5, 6) and w.dtype == dtype
+    w = masked_softmax(torch.empty(2, 5, 6, device="meta"), torch.zeros(5, 6, device="meta"))
+    assert w.device.type == "meta" and w.shape == (2, 5, 6)
+
+
 def test_masked_softmax_refuses_bad_input():
     with pytest.raises(TypeError, match="scores must be a torch.Tensor"):
         masked_softmax([[1.0, 2.0]])
