@@ -60,8 +60,8 @@ from torch.autograd.function import once_differentiable
 from torch.types import Device
 
 from ._checks import check_int, shape_str
-from .core import check_qkv, scaled_dot_product_attention
-from .masks import causal_mask, sliding_window_mask
+from .core import check_qkv, check_scale, fully_masked_rows, masked_softmax, scaled_dot_product_attention
+from .masks import causal_mask, sliding_window_mask, to_additive
 from .measure import cost_curves
 
 __all__ = [
@@ -131,46 +131,6 @@ def _check_self_attention(name: str, q: torch.Tensor, k: torch.Tensor) -> None:
         )
 
 
-def _check_scale(scale: float | None, D: int) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(D)
-    if not scale > 0:
-        raise ValueError(f"scale must be positive, got {scale}")
-    return float(scale)
-
-
-def _blocking_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A bool mask (True = may attend) as an additive bias: 0 where allowed,
-    ``torch.finfo(dtype).min`` where blocked.
-
-    Adding it acts as filling the blocked scores with finfo.min: score +
-    finfo.min rounds to finfo.min for moderate scores (|score| < 1e31 in
-    float32) and can at worst round down to -inf, which exp() also turns into
-    a weight of exactly 0 as long as the row keeps an allowed key (callers
-    whose rows may be fully blocked clamp at finfo.min). On a CPU
-    ``scores + bias`` is an order of magnitude faster than ``masked_fill``
-    with a broadcast bool mask; the bias is built with float arithmetic,
-    ``(allowed - 1) * finfo.max``, for the same reason."""
-    return allowed.to(dtype).sub_(1.0).mul_(torch.finfo(dtype).max)
-
-
-def _softmax(scores: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim, computed in at least float32 (float16 and
-    bfloat16 lose too much in exp()), returned in the scores' dtype."""
-    if scores.dtype in (torch.float32, torch.float64):
-        return F.softmax(scores, dim=-1)
-    return F.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
-
-
-def _masked_softmax(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim where ``allowed`` (bool, True = may attend,
-    broadcastable to ``scores``) allows; rows with nothing allowed give zeros."""
-    lowest = torch.finfo(scores.dtype).min
-    weights = _softmax((scores + _blocking_bias(allowed, scores.dtype)).clamp_min_(lowest))
-    some = allowed.any(dim=-1, keepdim=True)  # (..., 1) rows with at least one key
-    return weights * some.to(weights.dtype)
-
-
 def _safe_divide(num: torch.Tensor, den: torch.Tensor, eps: float) -> torch.Tensor:
     """num / (den + eps), never dividing by 0 (den >= 0 here)."""
     return num / (den + eps).clamp_min(torch.finfo(den.dtype).tiny)
@@ -211,7 +171,7 @@ def sliding_window_attention(
     _check_self_attention("sliding_window_attention", q, k)
     window = check_int("window", window, 0)
     b = min(max(window, 32), T) if block_size is None else check_int("block_size", block_size, 1)
-    scale = _check_scale(scale, D)
+    scale = check_scale(scale, D)
     W = window
     nb = -(-T // b)  # number of query blocks, ceil(T / b)
     Tp = nb * b  # padded length
@@ -229,7 +189,6 @@ def sliding_window_attention(
     band = (c >= r) & (c - r <= (W if causal else 2 * W))  # (b, Sb)
     j = torch.arange(nb, device=q.device)[:, None] * b - W + c  # (nb, Sb) key positions
     real = (j >= 0) & (j < T)  # (nb, Sb) not padding
-    band_f, real_f = band.to(q.dtype), real.to(q.dtype)  # 1 = may attend
 
     # a few query blocks at a time, so that their scores (about 2 MB) stay in
     # the CPU's cache through the add, the softmax and the second product
@@ -237,11 +196,10 @@ def sliding_window_attention(
     outs = []
     for g0 in range(0, nb, group):
         g = slice(g0, g0 + group)
-        allowed = band_f[None, :, :] * real_f[g, None, :]  # (Gb, b, Sb)
-        bias = allowed.sub_(1.0).mul_(torch.finfo(q.dtype).max)  # (Gb, b, Sb) 0 or finfo.min, see _blocking_bias
-        scores = torch.matmul(qb[:, :, g], kb[:, :, g]).add_(bias)  # (B, H, Gb, b, Sb)
+        allowed = band[None, :, :] & real[g, None, :]  # (Gb, b, Sb) True = may attend
+        scores = torch.matmul(qb[:, :, g], kb[:, :, g])  # (B, H, Gb, b, Sb)
         # every real query sees itself, so no real row is fully blocked (padding rows are dropped)
-        weights = _softmax(scores)  # (B, H, Gb, b, Sb)
+        weights = masked_softmax(scores, allowed, inplace=True)  # (B, H, Gb, b, Sb)
         outs.append(torch.matmul(weights, vb[:, :, g]))  # (B, H, Gb, b, Dv)
     out = torch.cat(outs, dim=2)  # (B, H, nb, b, Dv)
     return out.reshape(B, H, Tp, -1)[:, :, :T]  # (B, H, T, Dv)
@@ -331,7 +289,7 @@ def block_sparse_attention(
     B, H, T, S, D = _check_bhtd(q, k, v)
     _check_self_attention("block_sparse_attention", q, k)
     bs = check_int("block_size", block_size, 1)
-    scale = _check_scale(scale, D)
+    scale = check_scale(scale, D)
     nb = -(-T // bs)
     Tp = nb * bs
     pattern = bigbird_block_pattern(nb, window_blocks, global_blocks, random_blocks, seed).to(q.device)
@@ -356,7 +314,7 @@ def block_sparse_attention(
         key_pos = order[:, :, None] * bs + torch.arange(bs, device=q.device)  # (nr, Kb, bs)
         allowed = (chosen[:, :, None] & (key_pos < T)).reshape(nr, 1, Kb * bs)  # (nr, 1, Kb*bs)
         scores = torch.matmul(qr, kg.transpose(-1, -2)) * scale  # (B, H, nr, bs, Kb*bs)
-        weights = _masked_softmax(scores, allowed)  # (B, H, nr, bs, Kb*bs)
+        weights = masked_softmax(scores, allowed, inplace=True)  # (B, H, nr, bs, Kb*bs)
         out_r = torch.matmul(weights, vg)  # (B, H, nr, bs, Dv)
         outs.append(out_r.reshape(B, H, nr * bs, -1))  # (B, H, nr*bs, Dv)
     return torch.cat(outs, dim=2)[:, :, :T]  # (B, H, T, Dv)
@@ -708,7 +666,7 @@ def _lsh_chunk_mask(pc: torch.Tensor, T: int, causal: bool) -> torch.Tensor:
         allowed = allowed & (pk <= pq)  # (B, H, R, nc, Cs, 2Cs)
     is_self = pk == pq  # (B, H, R, nc, Cs, 2Cs)
     others = allowed & ~is_self
-    alone = ~others.any(dim=-1, keepdim=True)  # (B, H, R, nc, Cs, 1) nobody else to attend
+    alone = fully_masked_rows(others)  # (B, H, R, nc, Cs, 1) nobody else to attend
     return others | (allowed & is_self & alone)  # (B, H, R, nc, Cs, 2Cs)
 
 
@@ -785,13 +743,14 @@ def lsh_attention(
     mask = _lsh_chunk_mask(pc, T, causal)  # (B, H, R, nc, Cs, 2Cs)
 
     scores = torch.matmul(qc, kw.transpose(-1, -2)) / math.sqrt(D)  # (B, H, R, nc, Cs, 2Cs)
-    weights = _masked_softmax(scores, mask)  # (B, H, R, nc, Cs, 2Cs)
+    weights = masked_softmax(scores, mask, inplace=R == 1)  # (B, H, R, nc, Cs, 2Cs); the scores stay for R > 1
     out = torch.matmul(weights, vw).reshape(B, H, R, Tp, Dv)[:, :, :, :T]  # (B, H, R, T, Dv)
 
     undo = torch.argsort(order, dim=-1)  # (B, H, R, T) inverse permutation
     out = out.gather(3, undo[..., None].expand(B, H, R, T, Dv))  # (B, H, R, T, Dv)
     if R > 1:
-        lse = torch.logsumexp(scores + _blocking_bias(mask, scores.dtype), dim=-1)  # (B, H, R, nc, Cs)
+        lowest = torch.finfo(scores.dtype).min
+        lse = torch.logsumexp(scores.masked_fill(~mask, lowest), dim=-1)  # (B, H, R, nc, Cs)
         lse = lse.reshape(B, H, R, Tp)[:, :, :, :T].gather(3, undo)  # (B, H, R, T)
         mix = torch.softmax(lse, dim=2)  # (B, H, R, T) weight of each round
         out = (mix.unsqueeze(-1) * out).sum(dim=2)  # (B, H, T, Dv)
@@ -817,7 +776,7 @@ def _flash_diagonal_bias(bq: int, dtype: torch.dtype, device: torch.device) -> t
     """``(bq, bq)`` additive bias of a query block against the keys at the same positions:
     0 where key c <= query r (may attend), ``finfo.min`` above the diagonal."""
     tri = torch.ones(bq, bq, dtype=torch.bool, device=device).tril()  # (bq, bq) key c <= query r
-    return _blocking_bias(tri, dtype)
+    return to_additive(tri, dtype)  # (bq, bq)
 
 
 def _flash_key_blocks(a: int, ae: int, S: int, bk: int, causal: bool) -> Iterator[tuple[int, int, bool]]:
@@ -938,7 +897,7 @@ def _flash_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: i
     """Check flash's arguments; return the key block, the query block and the scale."""
     _B, _H, T, _S, D = _check_bhtd(q, k, v)
     bk = check_int("block_size", block_size, 1)
-    return bk, _flash_blocks(T, query_block_size, bk), _check_scale(scale, D)
+    return bk, _flash_blocks(T, query_block_size, bk), check_scale(scale, D)
 
 
 def flash_attention_with_lse(

@@ -20,7 +20,6 @@ added to the scores. See :mod:`attnbook.core`.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,7 +28,7 @@ import torch.nn.functional as F
 
 from ._checks import check_int, check_prob, shape_str
 from ._compat import SDPA_HAS_GQA, SDPA_SAFE_SOFTMAX
-from .core import check_mask, scaled_dot_product_attention
+from .core import check_mask, check_scale, fully_masked_rows, masked_softmax, scaled_dot_product_attention
 
 if TYPE_CHECKING:
     from .kvcache import KVCache
@@ -172,13 +171,14 @@ class MultiHeadAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         if mask is not None:
             check_mask(mask, torch.Size((q.shape[0], self.num_heads, q.shape[2], k.shape[2])))
-        if mask is None:
-            fused_ok = True
+        if need_weights:
+            use_fast = False
+        elif mask is None:
+            use_fast = True
         elif mask.dtype == torch.bool:
-            fused_ok = bool(mask.any(dim=-1).all())  # every query row keeps at least one key
+            use_fast = not bool(fully_masked_rows(mask).any())  # every query row keeps at least one key
         else:
-            fused_ok = SDPA_SAFE_SOFTMAX
-        use_fast = not need_weights and fused_ok
+            use_fast = SDPA_SAFE_SOFTMAX
         if use_fast and groups > 1 and SDPA_HAS_GQA:
             # fused kernel that reads each key/value head once for its whole group of query heads
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, enable_gqa=True)  # (B, H, T, D)
@@ -269,17 +269,23 @@ def grouped_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
     its G query heads: the G * T queries of a group are stacked into one matrix
     product. Returns ``(B, H, T, D)``."""
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 4:
-            raise ValueError(f"{name} must be a 4-d tensor (B, heads, length, D), got {getattr(x, 'shape', x)}")
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor (B, heads, length, D), got {type(x).__name__}")
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be a 4-d tensor (B, heads, length, D), got shape {shape_str(x)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     B, H, T, D = q.shape
     Hkv = k.shape[1]
     if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D or H % Hkv:
-        raise ValueError(f"k and v must be (B, Hkv, S, D) with Hkv dividing H; got q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(f"k and v must be (B, Hkv, S, D) with Hkv dividing H; got q {shape_str(q)}, "
+                         f"k {shape_str(k)}, v {shape_str(v)}")
     G = H // Hkv
     qg = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D): the queries of one group, head by head
-    scores = qg @ k.transpose(-2, -1) / math.sqrt(D)  # (B, Hkv, G*T, S)
-    out = torch.softmax(scores, dim=-1) @ v  # (B, Hkv, G*T, D)
+    scores = torch.matmul(qg * check_scale(None, D), k.transpose(-2, -1))  # (B, Hkv, G*T, S)
+    out = masked_softmax(scores, inplace=True) @ v  # (B, Hkv, G*T, D)
     return out.reshape(B, H, T, D)  # (B, H, T, D)
 
 

@@ -38,19 +38,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
-import subprocess
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "efficient.json"
+import common  # first: puts the repository root on sys.path
+
+from attnbook.efficient import FLASH_BLOCK, FLASH_QUERY_BLOCK  # flash_attention's default tiles
+
+NAME = "efficient"  # bench/results/efficient.json
+RESULTS = common.results_path(NAME)
 B, H, D, WINDOW = 1, 2, 32, 64
-FLASH_BLOCK = 256  # flash_attention's default tiles: 256 keys (attnbook.efficient.FLASH_BLOCK) ...
-FLASH_QUERY_BLOCK = 512  # ... by 512 queries (attnbook.efficient.FLASH_QUERY_BLOCK)
 T_VALUES = (1024, 2048, 4096, 8192)  # the slopes are fitted over these
 T_VALUES_QUICK = (256, 512, 1024, 2048)
 SLOPE_GOAL = 1.15
@@ -76,18 +76,7 @@ SLOW = ("naive", "flash", "flash_causal")  # a second or more per call at T = 81
 SPEEDUP = ("sliding_window", "sliding_window_causal", "linear", "linear_causal")  # goal: faster than SDPA
 
 
-def setup(threads: int):
-    """Make ``attnbook`` importable from the repository and set torch's thread count (0: torch's default)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    import torch
-
-    if threads > 0:
-        torch.set_num_threads(threads)
-    return torch
-
-
-def cases(T: int, names=CASES) -> dict[str, Callable[[], object]]:
+def cases(T: int, names: Iterable[str] = CASES) -> dict[str, Callable[[], object]]:
     """Case name -> zero-argument callable, for one sequence length (the same inputs for all)."""
     from attnbook.efficient import attention_call, make_inputs
 
@@ -103,7 +92,7 @@ def time_cases(plan: dict[str, Callable[[], object]], repeats: int) -> dict[str,
     return time_calls(plan, repeats, slow_s=None, reduce="median")
 
 
-def loglog_slope(t_values, seconds) -> float:
+def loglog_slope(t_values: Sequence[int], seconds: Sequence[float]) -> float:
     """Least-squares slope of log(seconds) against log(T): 1 for a linear cost, 2 for a quadratic one."""
     x = [math.log(t) for t in t_values]
     y = [math.log(s) for s in seconds]
@@ -111,7 +100,7 @@ def loglog_slope(t_values, seconds) -> float:
     return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
 
 
-def slopes(times: dict[str, dict[int, float]], t_values) -> dict[str, float]:
+def slopes(times: dict[str, dict[int, float]], t_values: Sequence[int]) -> dict[str, float]:
     """Fitted slope of every case over ``t_values`` (which must all have been measured)."""
     return {name: loglog_slope(t_values, [series[T] for T in t_values]) for name, series in times.items()}
 
@@ -130,7 +119,8 @@ def anomalies(times: dict[str, dict[int, float]]) -> list[str]:
     return notes
 
 
-def measure(t_values, repeats: int, threads: int, memory: bool = True, progress=print) -> dict:
+def measure(t_values: Sequence[int], repeats: int, threads: int, memory: bool = True,
+            progress: Callable[..., object] = print) -> dict[str, Any]:
     """The sweep: median seconds of every case at every T (``times[case][T]``), the tracked peak bytes of
     every case (``tracked[case][T]``, with ``memory``) and the peak RSS growth of the naive and flash paths
     in fresh processes (``rss[case][T]``). Slow cases run 3 rounds above T = 2048."""
@@ -155,7 +145,7 @@ def measure(t_values, repeats: int, threads: int, memory: bool = True, progress=
     return {"times": times, "tracked": tracked, "rss": rss}
 
 
-def goal_rows(data: dict, slope_t) -> list[tuple[str, float, str, float, str]]:
+def goal_rows(data: dict[str, Any], slope_t: Sequence[int]) -> list[tuple[str, float, str, float, str]]:
     """(ratio, measured, goal, target, note) for every goal, from one :func:`measure` sweep; the slopes are
     fitted over ``slope_t``, the other goals are at its largest T."""
     times, rss = data["times"], data["rss"]
@@ -183,7 +173,7 @@ def goal_rows(data: dict, slope_t) -> list[tuple[str, float, str, float, str]]:
 def _measure_memory_child(method: str, T: int, threads: int) -> None:
     """Run in a fresh process: print how far one call raises the peak RSS above
     the RSS just before it (bytes), with ``attnbook.measure.peak_rss_growth``."""
-    torch = setup(threads)
+    torch = common.setup(threads)
     from attnbook.measure import peak_rss_growth
 
     with torch.no_grad():
@@ -193,26 +183,20 @@ def _measure_memory_child(method: str, T: int, threads: int) -> None:
     print(json.dumps({"method": method, "peak_growth_bytes": int(growth), "how": how}))
 
 
-def measure_memory(method: str, T: int, threads: int) -> dict:
+def measure_memory(method: str, T: int, threads: int) -> dict[str, Any]:
     """Peak RSS growth of one call of case ``method`` ("naive" or "flash") at ``T``, in a fresh process."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_memory-child", method, "--T", str(T)]
-    cmd += ["--threads", str(threads)]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return common.run_child(Path(__file__).resolve(),
+                            ["--_memory-child", method, "--T", str(T), "--threads", str(threads)])
 
 
-def _verdict(value: float, goal: str, target: float) -> bool:
-    return value < target if goal == "<" else value > target if goal == ">" else value <= target
-
-
-def evaluate(data: dict, slope_t) -> list[dict]:
+def evaluate(data: dict[str, Any], slope_t: Sequence[int]) -> list[dict[str, Any]]:
     """The goal rows of one sweep as dicts with PASS/MISS (``pass``), as efficient.json stores them."""
     return [{"ratio": name, "measured": round(value, 4), "goal": f"{goal} {target:g}",
-             "pass": _verdict(value, goal, target), "note": note}
+             "pass": common.verdict(value, goal, target), "note": note}
             for name, value, goal, target, note in goal_rows(data, slope_t)]
 
 
-def save(data: dict, slope_t, results: list[dict], config: dict) -> None:
+def save(data: dict[str, Any], slope_t: Sequence[int], results: list[dict[str, Any]], config: dict[str, Any]) -> None:
     """Write bench/results/efficient.json: the config, every median and peak of the sweep, the fitted slopes,
     the anomalies and the goals."""
     payload = {
@@ -226,34 +210,27 @@ def save(data: dict, slope_t, results: list[dict], config: dict) -> None:
         "ratios": results,
         "all_pass": all(r["pass"] for r in results),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
+    common.save_results(NAME, payload)
 
 
-def load_average() -> float | None:
-    """The 1-minute load average (None where the OS has none): above the CPU count, other programs compete."""
-    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
-
-
-def config(torch, t_values, repeats: int, quick: bool, threads: int, load_start: float | None) -> dict:
+def config(torch: ModuleType, t_values: Sequence[int], repeats: int, quick: bool, threads: int,
+           load_start: float | None) -> dict[str, Any]:
     """What efficient.json records about the run (call it right after the sweep: it reads the load at the end)."""
     return {
         "B": B, "H": H, "D": D, "window": WINDOW, "T_values": list(t_values), "quick": quick,
-        "threads": torch.get_num_threads(), "rounds": repeats, "rounds_slow_above_2048": min(repeats, 3),
-        "statistic": "median of interleaved rounds",
+        "rounds": repeats, "rounds_slow_above_2048": min(repeats, 3), "statistic": "median of interleaved rounds",
         "flash_block_size": FLASH_BLOCK, "flash_query_block_size": FLASH_QUERY_BLOCK,
-        "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-        "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
-        "load_average_start": load_start, "load_average_end": load_average(),
+        **common.run_info(),  # torch, threads, python, machine, cpus, date, machine_summary
+        "load_average_start": load_start, "load_average_end": common.load_average(),
     }
 
 
-def print_results(data: dict, slope_t, results: list[dict]) -> None:
+def print_results(data: dict[str, Any], slope_t: Sequence[int], results: list[dict[str, Any]]) -> None:
     width = max(len(r["ratio"]) for r in results)
     print()
     print(f"{'ratio':<{width}}  {'measured':>9}  {'goal':>8}  result")
     for r in results:
-        print(f"{r['ratio']:<{width}}  {r['measured']:>9.3f}  {r['goal']:>8}  {'PASS' if r['pass'] else 'MISS'}  {r['note']}")
+        print(f"{r['ratio']:<{width}}  {r['measured']:>9.3f}  {r['goal']:>8}  {common.pass_miss(r['pass'])}  {r['note']}")
     print()
     print(f"fitted slopes, T = {min(slope_t)}..{max(slope_t)}: "
           + ", ".join(f"{n} {s:.2f}" for n, s in slopes(data["times"], slope_t).items()))
@@ -261,17 +238,12 @@ def print_results(data: dict, slope_t, results: list[dict]) -> None:
         print("anomaly:", note)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (T = 256 .. 2048), fewer repeats")
-    ap.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads (default 1: this shared 2-core machine gives steadier timings with one; 0 = torch's default)",
-    )
+    common.add_threads_option(ap)
     ap.add_argument("--repeats", type=int, default=None, help="timed rounds (default 15, or 5 with --quick)")
-    ap.add_argument("--no-save", action="store_true", help="do not write bench/results/efficient.json")
+    common.add_no_save_option(ap, NAME)
     ap.add_argument("--_memory-child", dest="memory_child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--T", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -279,12 +251,12 @@ def main(argv=None) -> int:
         _measure_memory_child(args.memory_child, args.T, args.threads)
         return 0
 
-    torch = setup(args.threads)
+    torch = common.setup(args.threads)
     t_values = T_VALUES_QUICK if args.quick else T_VALUES
     repeats = args.repeats or (5 if args.quick else 15)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), B={B} H={H} D={D} window={WINDOW}, "
           f"T = {list(t_values)}, {repeats} rounds", flush=True)
-    load_start = load_average()
+    load_start = common.load_average()
     data = measure(t_values, repeats, args.threads, memory=False)
     run = config(torch, t_values, repeats, args.quick, args.threads, load_start)
     results = evaluate(data, t_values)
@@ -294,7 +266,7 @@ def main(argv=None) -> int:
     if not args.no_save:
         data["tracked"] = {}
         save(data, t_values, results, run)
-        print(f"wrote {RESULTS.relative_to(ROOT)}")
+        print(f"wrote {common.shown(RESULTS)}")
     return 0
 
 

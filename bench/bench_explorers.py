@@ -1,7 +1,7 @@
 """Median time of one explorer update on the CPU, as the live widget does it:
 move a control, recompute, redraw, encode the PNG the Image widget shows.
 
-    .venv/bin/python bench/bench_explorers.py [--repeat N]
+    .venv/bin/python bench/bench_explorers.py [--repeat N] [--no-save]
 
 Goal: under 100 ms per update (printed as the ratio median / 100 ms; < 1 meets it).
 Also prints how long the static scrubber (all frames) takes to render.
@@ -11,25 +11,28 @@ Timing: ``attnbook.measure.time_samples`` (one warm-up pass over the values, the
 ``--repeat`` interleaved passes; the median of every update).
 """
 
+from __future__ import annotations
+
 import argparse
 import functools
-import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from typing import Any
 
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import common  # noqa: E402  puts the repository root on sys.path
 
 from attnbook.explorers import heads, masks, positions, saturation  # noqa: E402
 from attnbook.measure import time_samples  # noqa: E402
 
+NAME = "explorers"  # bench/results/explorers.json
 GOAL_MS = 100.0
 
 # the control each benchmark moves, and the values it cycles through (keys: the names in explorers.json)
-CASES = {
+CASES: dict[str, tuple[Callable[..., Any], str, Sequence[Any]]] = {
     "saturation_explorer": (saturation.saturation_explorer, "d_k", saturation.DK_VALUES),
     "head_explorer": (heads.heads_explorer, "num_heads", [1, 2, 4, 8, 16, 32]),
     "mask_explorer": (masks.masks_explorer, "kind", masks.MASK_KINDS),
@@ -37,7 +40,7 @@ CASES = {
 }
 
 
-def bench(factory, control, values, repeat):
+def bench(factory: Callable[..., Any], control: str, values: Sequence[Any], repeat: int) -> tuple[float, float]:
     ex = factory()
     widget = ex.widget  # build the live UI: updates then refresh the Image widget too
     slider = ex.control_widgets[control]
@@ -51,10 +54,11 @@ def bench(factory, control, values, repeat):
     return statistics.median(times) * 1e3, static_s
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=3)
-    args = ap.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved passes over the values (default 3)")
+    common.add_no_save_option(ap, NAME)
+    args = ap.parse_args(argv)
     results = {}
     print(f"{'explorer':22s} {'median update':>14s} {'/ goal 100 ms':>14s} {'static frames':>14s}")
     for name, (factory, control, values) in CASES.items():
@@ -62,11 +66,10 @@ def main():
         ratio = median_ms / GOAL_MS
         results[name] = {"median_update_ms": round(median_ms, 1), "ratio_to_goal": round(ratio, 2),
                          "static_html_s": round(static_s, 2), "meets_goal": ratio < 1}
-        print(f"{name:22s} {median_ms:11.1f} ms {ratio:13.2f}x {static_s:12.1f} s  {'PASS' if ratio < 1 else 'MISS'}")
-    out = Path(__file__).parent / "results" / "explorers.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"goal_ms": GOAL_MS, "cpu_count": os.cpu_count(), "results": results}, indent=2) + "\n")
-    print(f"wrote {out}")
+        print(f"{name:22s} {median_ms:11.1f} ms {ratio:13.2f}x {static_s:12.1f} s  {common.pass_miss(ratio < 1)}")
+    if not args.no_save:
+        out = common.save_results(NAME, {"goal_ms": GOAL_MS, "cpu_count": os.cpu_count(), "results": results})
+        print(f"wrote {common.shown(out)}")
 
 
 if __name__ == "__main__":

@@ -26,33 +26,26 @@ with PASS/MISS per goal and written to bench/results/flash.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import os
-import platform
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "flash.json"
+import common  # first: puts the repository root on sys.path
+import torch
+
+from attnbook.efficient import FLASH_BLOCK, FLASH_QUERY_BLOCK
+
+NAME = "flash"  # bench/results/flash.json
+RESULTS = common.results_path(NAME)
 SHAPES = {"H2 D32": (1, 2, 32), "H1 D64": (1, 1, 64)}  # name -> (B, H, D); the first is bench_efficient.py's
 GOALS = {"forward": 2.0, "forward+backward": 3.0, "memory": 0.1}
 PATHS = ("flash", "sdpa", "explicit")
 
 
-def setup(threads: int):
-    """Make ``attnbook`` importable from the repository and set torch's thread count (0: torch's default)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    import torch
-
-    if threads > 0:
-        torch.set_num_threads(threads)
-    return torch
-
-
-def attention(path: str, causal: bool) -> Callable:
+def attention(path: str, causal: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """``fn(q, k, v) -> out (B, H, T, D)`` for one path: attnbook's flash, PyTorch's SDPA, or the explicit one."""
     import torch.nn.functional as F
 
@@ -70,10 +63,8 @@ def attention(path: str, causal: bool) -> Callable:
     raise ValueError(f"path must be one of {PATHS}, got {path!r}")
 
 
-def inputs(T: int, shape: str):
+def inputs(T: int, shape: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v ``(B, H, T, D)`` (``attnbook.efficient.make_inputs``) and the output's gradient, all float32."""
-    import torch
-
     from attnbook.efficient import make_inputs
 
     B, H, D = SHAPES[shape]
@@ -92,7 +83,7 @@ def calls(T: int, shape: str) -> dict[str, Callable[[], object]]:
         tag = " causal" if causal else ""
         for path in ("sdpa", "flash"):
             fn = attention(path, causal)
-            out[f"{path} forward{tag}"] = lambda fn=fn: fn(q, k, v)
+            out[f"{path} forward{tag}"] = functools.partial(fn, q, k, v)
             out[f"{path} forward+backward{tag}"] = forward_backward(fn, q, k, v, grad_out=dout)
     return out
 
@@ -108,7 +99,7 @@ def tracked_peaks(T: int, shape: str) -> dict[str, int]:
 
 def _measure_memory_child(path: str, T: int, shape: str, threads: int) -> None:
     """Run in a fresh process: print how far one forward+backward call raises the peak RSS (bytes)."""
-    setup(threads)
+    common.setup(threads)
     from attnbook.measure import forward_backward, peak_rss_growth
 
     q, k, v, dout = inputs(256, shape)
@@ -118,21 +109,18 @@ def _measure_memory_child(path: str, T: int, shape: str, threads: int) -> None:
     print(json.dumps({"path": path, "peak_growth_bytes": int(growth), "how": how}))
 
 
-def measured_peak(path: str, T: int, shape: str, threads: int) -> dict:
+def measured_peak(path: str, T: int, shape: str, threads: int) -> dict[str, Any]:
     """Peak RSS growth of one forward+backward call of ``path`` at ``T``, in a fresh process."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_memory-child", path, "--T", str(T), "--shape", shape,
-           "--threads", str(threads)]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return common.run_child(Path(__file__).resolve(), ["--_memory-child", path, "--T", str(T), "--shape", shape,
+                                                       "--threads", str(threads)])
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="T = 2048 instead of 8192, fewer rounds (a smoke test)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (default 1: steadier on a shared machine; 0 = torch's default)")
+    common.add_threads_option(ap)
     ap.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5, or 3 with --quick)")
-    ap.add_argument("--no-save", action="store_true", help="do not write bench/results/flash.json")
+    common.add_no_save_option(ap, NAME)
     ap.add_argument("--_memory-child", dest="memory_child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--T", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--shape", default=None, help=argparse.SUPPRESS)
@@ -141,18 +129,17 @@ def main(argv=None) -> int:
         _measure_memory_child(args.memory_child, args.T, args.shape, args.threads)
         return 0
 
-    torch = setup(args.threads)
-    from attnbook.efficient import FLASH_BLOCK, FLASH_QUERY_BLOCK
+    common.setup(args.threads)
     from attnbook.measure import machine_summary, time_calls
 
     T = 2048 if args.quick else 8192
     repeats = args.repeats or (3 if args.quick else 5)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"{machine_summary()}; load average {load:.2f}", flush=True)
+    load = common.load_average()
+    print(f"{machine_summary()}; load average {load}", flush=True)
     print(f"T={T}, float32, tiles {FLASH_QUERY_BLOCK} queries x {FLASH_BLOCK} keys, {repeats} interleaved rounds",
           flush=True)
 
-    rows = []  # (shape, ratio name, measured, goal, note)
+    rows: list[tuple[str, str, float, float, str]] = []  # (shape, ratio name, measured, goal, note)
     times: dict[str, dict[str, float]] = {}
     memory: dict[str, dict[str, dict[str, int]]] = {}
     how = ""
@@ -180,26 +167,25 @@ def main(argv=None) -> int:
     width = max(len(r[1]) for r in rows)
     print()
     print(f"{'shape':7s} {'ratio':<{width}}  {'measured':>8}  {'goal':>6}  result")
-    results = []
+    results: list[dict[str, Any]] = []
     for shape, name, value, target, note in rows:
-        ok = value <= target
+        ok = common.verdict(value, "<=", target)
         print(f"{shape:7s} {name:<{width}}  {value:>8.3f}  {'<= ' + format(target, 'g'):>6}  "
-              f"{'PASS' if ok else 'MISS'}  {note}")
+              f"{common.pass_miss(ok)}  {note}")
         results.append({"shape": shape, "ratio": name, "measured": round(value, 4), "goal": f"<= {target:g}",
                         "pass": ok, "note": note})
-    print(f"{sum(r['pass'] for r in results)} of {len(results)} goals met; load average {load:.2f} at the start, "
-          f"{os.getloadavg()[0] if hasattr(os, 'getloadavg') else float('nan'):.2f} at the end")
+    print(f"{sum(r['pass'] for r in results)} of {len(results)} goals met; load average {load} at the start, "
+          f"{common.load_average()} at the end")
     if args.quick:
         print("(--quick is a smoke test: the goals are set for T = 8192)")
 
     if not args.no_save:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "config": {
                 "T": T, "shapes": {name: dict(zip("BHD", s)) for name, s in SHAPES.items()}, "quick": args.quick,
-                "threads": torch.get_num_threads(), "rounds": repeats, "block_size": FLASH_BLOCK,
-                "query_block_size": FLASH_QUERY_BLOCK, "torch": torch.__version__,
-                "python": platform.python_version(), "machine": platform.machine(), "load_average": round(load, 2),
+                "rounds": repeats, "block_size": FLASH_BLOCK, "query_block_size": FLASH_QUERY_BLOCK,
+                **common.run_info(),  # torch, threads, python, machine, cpus, date, machine_summary
+                "load_average": load,
             },
             "median_seconds": {shape: {k: round(v, 6) for k, v in t.items()} for shape, t in times.items()},
             "peak_memory_bytes": memory,
@@ -207,8 +193,8 @@ def main(argv=None) -> int:
             "ratios": results,
             "all_pass": all(r["pass"] for r in results),
         }
-        RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
-        print(f"wrote {RESULTS.relative_to(ROOT)}")
+        common.save_results(NAME, payload)
+        print(f"wrote {common.shown(RESULTS)}")
     return 0
 
 

@@ -17,26 +17,25 @@ times (the load average is recorded alongside).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-import torch
+import common  # first: puts the repository root on sys.path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from attnbook.tasks import (  # noqa: E402
+from attnbook.tasks import (
     DecoderOnlyTransformer,
     Seq2SeqTransformer,
+    Task,
     addition_task,
     copy_task,
     reverse_task,
     sort_task,
 )
-from attnbook.train import attention_alignment, evaluate, fit  # noqa: E402
+from attnbook.train import attention_alignment, evaluate, fit
+
+NAME = "tasks"  # bench/results/tasks.json
 
 TIME_LIMIT_S = 60.0
 COMMON = dict(batch_size=64, lr=3e-3, warmup=20, clip_grad=1.0)
@@ -72,7 +71,10 @@ EXTRA = {
 }
 
 
-def run_one(name, make_task, model_cls, model_kw, fit_kw, goal, seed, progress):
+def run_one(name: str, make_task: Callable[[], Task], model_cls: Any, model_kw: dict[str, Any],
+            fit_kw: dict[str, Any], goal: float | None, seed: int, progress: bool) -> dict[str, Any]:
+    import torch
+
     task = make_task()
     torch.manual_seed(seed)
     model = model_cls(task.vocab, **model_kw)
@@ -102,14 +104,16 @@ def run_one(name, make_task, model_cls, model_kw, fit_kw, goal, seed, progress):
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--extra", action="store_true", help="also run sort and a decoder-only adder (no goals)")
     ap.add_argument("--only", nargs="*", help="run only these task names")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--progress", action="store_true", help="show tqdm bars")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "tasks.json"))
-    args = ap.parse_args()
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default 0: torch's default, the goals' setting)")
+    ap.add_argument("--out", default=str(common.results_path(NAME)), help="where to write the results")
+    args = ap.parse_args(argv)
+    torch = common.setup(args.threads)
 
     configs = dict(CONFIGS, **(EXTRA if args.extra else {}))
     if args.only:
@@ -135,22 +139,16 @@ def main() -> int:
         )
     load_after = os.getloadavg()
     print(f"load average after: {load_after[0]:.2f}; time limit {TIME_LIMIT_S:.0f} s per task")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     result = {
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "cpus": os.cpu_count(),
-        "machine": platform.machine(),
+        **common.run_info(),  # torch, threads, python, machine, cpus, date, machine_summary
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in load_after],
         "time_limit_s": TIME_LIMIT_S,
         "seed": args.seed,
-        "date": time.strftime("%Y-%m-%d"),
         "results": rows,
     }
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    out = common.save_results(NAME, result, Path(args.out))
+    print(f"wrote {common.shown(out)}")
     return 0 if all(r["status"] != "MISS" for r in rows) else 1
 
 

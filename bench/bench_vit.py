@@ -7,6 +7,7 @@ forms of ``attnbook.efficient.decayed_linear_attention`` against T (chunkwise sh
 
     .venv/bin/python bench/bench_vit.py            # three seeds, about a minute and a half
     .venv/bin/python bench/bench_vit.py --seeds 1  # one seed
+    .venv/bin/python bench/bench_vit.py --seeds 1 --no-save  # a smoke test: bench/results/vit.json stays
 
 Prints a table with PASS/MISS and writes bench/results/vit.json. Needs scikit-learn. Other processes on the
 machine inflate the times (the load average is recorded alongside).
@@ -15,20 +16,16 @@ machine inflate the times (the load average is recorded alongside).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
+from typing import Any
 
-import torch
+import common  # first: puts the repository root on sys.path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from attnbook.efficient import decayed_linear_attention, make_inputs  # noqa: E402
-from attnbook.measure import machine_summary, time_calls  # noqa: E402
-from attnbook.vision import (  # noqa: E402
+from attnbook.efficient import decayed_linear_attention, make_inputs
+from attnbook.measure import machine_summary, time_calls
+from attnbook.vision import (
     MLPClassifier,
     VisionTransformer,
     accuracy,
@@ -39,13 +36,15 @@ from attnbook.vision import (  # noqa: E402
 )
 
 # the recipe and model of chapter 11 (keep in sync with chapters/11_beyond_text.md)
-RECIPE = dict(epochs=60, batch_size=32, lr=2e-3, weight_decay=0.1)
-VIT = dict(image_size=8, patch=2, d_model=32, num_heads=4, num_layers=2, dim_feedforward=96)
+RECIPE: dict[str, Any] = dict(epochs=60, batch_size=32, lr=2e-3, weight_decay=0.1)
+VIT: dict[str, Any] = dict(image_size=8, patch=2, d_model=32, num_heads=4, num_layers=2, dim_feedforward=96)
 ACCURACY_GOAL, TIME_GOAL_S = 0.97, 30.0
-RESULTS = Path(__file__).resolve().parent / "results" / "vit.json"
+NAME = "vit"  # bench/results/vit.json
 
 
-def train_one(seed: int) -> dict:
+def train_one(seed: int) -> dict[str, Any]:
+    import torch
+
     x_tr, y_tr, x_te, y_te = load_digits_split()
     torch.manual_seed(seed)
     vit = VisionTransformer(**VIT)
@@ -72,11 +71,12 @@ def decayed_costs(Ts: tuple[int, ...] = (512, 1024, 2048, 4096)) -> dict[str, li
     return costs
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
+    common.add_no_save_option(parser, NAME)
+    args = parser.parse_args(argv)
+    common.setup(1)
     runs = [train_one(seed) for seed in range(args.seeds)]
     print(machine_summary(), "(one thread), load average", os.getloadavg())
     print(f"{'seed':>4} | {'ViT acc':>7} {'time s':>7} | {'MLP acc':>7} {'time s':>7}")
@@ -87,20 +87,20 @@ def main() -> None:
     times = [r["vit_seconds"] for r in runs]
     ok_acc, ok_time = min(accs) >= ACCURACY_GOAL, max(times) < TIME_GOAL_S
     print(f"ViT accuracy min {min(accs):.3f}, max {max(accs):.3f} (goal >= {ACCURACY_GOAL}): "
-          f"{'PASS' if ok_acc else 'MISS'}")
+          f"{common.pass_miss(ok_acc)}")
     print(f"ViT training time median {statistics.median(times):.1f} s (goal < {TIME_GOAL_S:.0f} s): "
-          f"{'PASS' if ok_time else 'MISS'}")
+          f"{common.pass_miss(ok_time)}")
     Ts = (512, 1024, 2048, 4096)
     costs = decayed_costs(Ts)
     growth = {m: c[-1] / c[0] for m, c in costs.items()}
     print(f"decayed linear attention, time(T={Ts[-1]}) / time(T={Ts[0]}) (linear: {Ts[-1] // Ts[0]}, "
           f"quadratic: {(Ts[-1] // Ts[0]) ** 2}): " + ", ".join(f"{m} {g:.1f}" for m, g in growth.items()))
     print(f"chunkwise grows at most linearly-ish (< {2 * Ts[-1] // Ts[0]}x): "
-          f"{'PASS' if growth['chunkwise'] < 2 * Ts[-1] // Ts[0] else 'MISS'}")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({"machine": machine_summary(), "load_average": os.getloadavg(), "runs": runs,
-                                   "decayed_T": list(Ts), "decayed_seconds": costs}, indent=1) + "\n")
-    print("wrote", RESULTS.relative_to(RESULTS.parents[2]))
+          f"{common.pass_miss(growth['chunkwise'] < 2 * Ts[-1] // Ts[0])}")
+    if not args.no_save:
+        out = common.save_results(NAME, {"machine": machine_summary(), "load_average": os.getloadavg(), "runs": runs,
+                                         "decayed_T": list(Ts), "decayed_seconds": costs}, indent=1)
+        print("wrote", common.shown(out))
 
 
 if __name__ == "__main__":

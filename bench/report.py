@@ -27,25 +27,28 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "bench"
-RESULTS = BENCH / "results"
-PAGE = ROOT / "benchmarks.md"
-IMAGES = ROOT / "images" / "bench"
-for p in (ROOT, BENCH):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+BENCH = Path(__file__).resolve().parent
+if str(BENCH) not in sys.path:  # bench/'s scripts, also when this one is imported from elsewhere
+    sys.path.insert(0, str(BENCH))
 
 import bench_efficient as be  # noqa: E402
 import bench_flash as bf  # noqa: E402
+import common  # noqa: E402
+from common import RESULTS, ROOT  # noqa: E402
+
+from attnbook.efficient import FLASH_BLOCK, FLASH_QUERY_BLOCK  # noqa: E402
+
+PAGE = ROOT / "benchmarks.md"
+IMAGES = ROOT / "images" / "bench"
 
 STYLE = {  # case -> (label, color, line style)
     "naive": ("exact, explicit T×T (attnbook)", "tab:blue", "-"),
     "sdpa": ("PyTorch fused SDPA", "tab:green", "-"),
     "sdpa_causal": ("PyTorch fused SDPA, causal", "tab:green", ":"),
-    "flash": (f"flash (Python, tiles {be.FLASH_QUERY_BLOCK}×{be.FLASH_BLOCK})", "tab:gray", "-."),
+    "flash": (f"flash (Python, tiles {FLASH_QUERY_BLOCK}×{FLASH_BLOCK})", "tab:gray", "-."),
     "flash_causal": ("flash, causal", "tab:gray", ":"),
     "sliding_window": ("sliding window (64)", "tab:orange", "--"),
     "sliding_window_causal": ("sliding window, causal", "tab:orange", ":"),
@@ -101,7 +104,7 @@ def _fmt_ms(s: float) -> str:
     return f"{ms:.0f}" if ms >= 100 else f"{ms:.3g}"
 
 
-def _when(t_values, cost, ref) -> str:
+def _when(t_values: Sequence[int], cost: Sequence[float], ref: Sequence[float]) -> str:
     from attnbook.measure import crossover
 
     x = crossover(t_values, cost, ref)
@@ -306,10 +309,10 @@ def _from_json(eff: dict) -> dict:
             "rss": ints(eff["peak_memory_growth_bytes"])}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="T = 256 .. 2048 and fewer rounds (a smoke test)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as bench_efficient.py)")
+    common.add_threads_option(ap)
     ap.add_argument("--reuse-flash", action="store_true",
                     help="keep bench/results/flash.json instead of rerunning bench_flash.py")
     ap.add_argument("--render-only", action="store_true",
@@ -323,7 +326,7 @@ def main(argv=None) -> int:
             return rc
     flash = json.loads((RESULTS / "flash.json").read_text()) if (RESULTS / "flash.json").exists() else None
 
-    torch = be.setup(args.threads)
+    torch = common.setup(args.threads)
     from attnbook.measure import cpu_model
 
     if args.render_only:
@@ -334,7 +337,7 @@ def main(argv=None) -> int:
         slope_t = be.T_VALUES_QUICK if args.quick else be.T_VALUES
         repeats = 5 if args.quick else 15
         print(f"2/3 sweep over T = {t_values}, {repeats} rounds", flush=True)
-        load_start = be.load_average()
+        load_start = common.load_average()
         data = be.measure(t_values, repeats, args.threads)
         run = be.config(torch, t_values, repeats, args.quick, args.threads, load_start)
         results = be.evaluate(data, slope_t)

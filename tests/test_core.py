@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import attnbook
 from attnbook import causal_mask, padding_mask, scaled_dot_product_attention
+from attnbook.core import check_scale, fully_masked_rows, masked_softmax
 
 
 def _rand(*shape, dtype=torch.float64, seed=0, requires_grad=False):
@@ -162,3 +163,123 @@ def test_default_device_is_usable():
     torch.zeros(1, device=dev)
     if not torch.cuda.is_available():
         assert dev.type in ("cpu", "mps")
+
+
+# ----------------------------------------------------------------------------- masked_softmax, check_scale
+
+
+def _reference_softmax(scores, mask):
+    """The convention written out: blocked scores filled with finfo.min, softmax in float64, rows with no
+    allowed key set to zero."""
+    s = scores.double().masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return torch.softmax(s, dim=-1) * mask.any(dim=-1, keepdim=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_masked_softmax_is_the_convention_written_out(dtype, inplace):
+    scores = _rand(2, 3, 7, 9, seed=1).mul(3).to(dtype)
+    mask = torch.rand(2, 1, 7, 9, generator=torch.Generator().manual_seed(2)) > 0.5  # (B, 1, T, S) broadcast
+    mask[0, 0, 3] = False  # a row with no key
+    mask[1, 0, 5] = False
+    mask[1, 0, 5, 8] = True  # a row with one key
+    before = scores.clone()
+    w = masked_softmax(scores, mask, inplace=inplace)
+    assert w.dtype == dtype and w.shape == scores.shape
+    tol = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+    torch.testing.assert_close(w.double(), _reference_softmax(before, mask.expand_as(scores)), atol=tol, rtol=tol)
+    assert (w[mask.expand_as(w).logical_not()] == 0).all()  # blocked: exactly zero
+    assert torch.equal(w[0, :, 3], torch.zeros(3, 9, dtype=dtype))
+    if not inplace:
+        assert torch.equal(scores, before)  # the caller's scores are untouched
+
+
+def test_masked_softmax_half_precision_computes_in_float32():
+    # the float32 softmax rounded once to float16 (exp() and the sum in float16 would round at every step)
+    scores = torch.tensor([[0.0, 0.001, 0.002, 10.0]], dtype=torch.float16)
+    w = masked_softmax(scores)
+    ref = torch.softmax(scores.float(), dim=-1).to(torch.float16)
+    assert torch.equal(w, ref)
+
+
+def test_masked_softmax_fully_masked_rows_have_zero_finite_gradients():
+    for mask_kind in ("bool", "float"):
+        scores = _rand(2, 4, 5, seed=3, requires_grad=True)
+        mask = torch.ones(4, 5, dtype=torch.bool)
+        mask[1] = False
+        if mask_kind == "float":
+            mask = torch.zeros(4, 5, dtype=torch.float64).masked_fill(~mask, float("-inf"))
+        w = masked_softmax(scores, mask)
+        assert torch.equal(w[:, 1], torch.zeros(2, 5, dtype=torch.float64))
+        w.pow(2).sum().backward()
+        assert torch.isfinite(scores.grad).all() and torch.equal(scores.grad[:, 1], torch.zeros(2, 5, dtype=torch.float64))
+
+
+def test_masked_softmax_gradient_equals_the_reference():
+    scores = _rand(3, 6, 6, seed=4, requires_grad=True)
+    mask = causal_mask(6)
+    (g,) = torch.autograd.grad(masked_softmax(scores, mask).sin().sum(), scores)
+    (ref,) = torch.autograd.grad(_reference_softmax(scores, mask.expand(3, 6, 6)).sin().sum(), scores)
+    torch.testing.assert_close(g, ref)
+    assert torch.autograd.gradcheck(lambda s: masked_softmax(s, mask), (scores,))
+
+
+def test_masked_softmax_float_mask_is_added_and_huge_scores_stay_finite():
+    scores = _rand(2, 5, 6, seed=5)
+    bias = _rand(5, 6, seed=6)
+    torch.testing.assert_close(masked_softmax(scores, bias), torch.softmax(scores + bias, dim=-1))
+    huge = torch.full((1, 3), -1e35, dtype=torch.float32)  # + finfo.min rounds to -inf: still weight 0
+    w = masked_softmax(huge, torch.tensor([True, False, True]))
+    torch.testing.assert_close(w, torch.tensor([[0.5, 0.0, 0.5]]))
+    assert torch.equal(masked_softmax(scores, torch.tensor(False)), torch.zeros_like(scores))  # 0-d mask
+
+
+def test_masked_softmax_off_the_cpu_always_zeroes_the_rows():
+    # off the CPU the check for fully masked rows is skipped (it would wait for the device): the zeroing pass
+    # always runs; "meta" tensors (shapes only) run that path here
+    mask = causal_mask(5, 6, offset=-1)  # (T, S), row 0 allows no key
+    for dtype in (torch.float32, torch.float16):
+        w = masked_softmax(torch.empty(2, 5, 6, dtype=dtype, device="meta"), mask.to("meta"))
+        assert w.device.type == "meta" and w.shape == (2, 5, 6) and w.dtype == dtype
+    w = masked_softmax(torch.empty(2, 5, 6, device="meta"), torch.zeros(5, 6, device="meta"))
+    assert w.device.type == "meta" and w.shape == (2, 5, 6)
+
+
+def test_masked_softmax_refuses_bad_input():
+    with pytest.raises(TypeError, match="scores must be a torch.Tensor"):
+        masked_softmax([[1.0, 2.0]])
+    with pytest.raises(TypeError, match="floating-point"):
+        masked_softmax(torch.ones(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"mask of shape \(4, 3\)"):
+        masked_softmax(torch.ones(2, 3), torch.ones(4, 3, dtype=torch.bool))
+    with pytest.raises(TypeError, match="mask.bool"):
+        masked_softmax(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.long))
+
+
+def test_fully_masked_rows():
+    mask = torch.tensor([[True, False], [False, False], [False, True]])
+    assert torch.equal(fully_masked_rows(mask), torch.tensor([[False], [True], [False]]))
+    assert torch.equal(fully_masked_rows(causal_mask(3, 4, offset=-1)).flatten(), torch.tensor([True, False, False]))
+    assert fully_masked_rows(torch.ones(2, 0, dtype=torch.bool)).tolist() == [[True], [True]]  # no keys at all
+    with pytest.raises(TypeError, match="bool"):
+        fully_masked_rows(torch.ones(2, 2))
+
+
+def test_check_scale():
+    assert check_scale(None, 16) == 0.25
+    assert check_scale(2, 16) == 2.0 and isinstance(check_scale(2, 16), float)
+    for bad in (True, "0.5", torch.tensor(0.5)):
+        with pytest.raises(TypeError, match="scale must be"):
+            check_scale(bad, 16)
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="scale must be positive"):
+            check_scale(bad, 16)
+    with pytest.raises(ValueError, match="scale must be positive, got -1"):
+        scaled_dot_product_attention(torch.ones(2, 4), torch.ones(3, 4), torch.ones(3, 2), scale=-1)
+
+
+def test_core_lists_only_its_own_names():
+    import attnbook.core as core
+
+    for name in core.__all__:
+        assert getattr(core, name).__module__ == "attnbook.core", f"attnbook.core.__all__ lists {name}, defined elsewhere"

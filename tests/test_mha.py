@@ -182,3 +182,47 @@ def test_grouped_decode_attention_refuses_bad_shapes():
         grouped_decode_attention(torch.randn(1, 8, 1, 4), torch.randn(1, 3, 5, 4), torch.randn(1, 3, 5, 4))
     with pytest.raises(ValueError, match="4-d"):
         grouped_decode_attention(torch.randn(8, 1, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4))
+
+
+def test_grouped_decode_attention_wrong_type_is_a_type_error():
+    k = v = torch.randn(1, 2, 5, 4)
+    with pytest.raises(TypeError, match=r"q must be a torch.Tensor .*got list"):
+        grouped_decode_attention([[0.0] * 4], k, v)
+    with pytest.raises(TypeError, match="v must be a torch.Tensor"):
+        grouped_decode_attention(torch.randn(1, 8, 1, 4), k, None)
+    with pytest.raises(TypeError, match="floating-point"):
+        grouped_decode_attention(torch.ones(1, 8, 1, 4, dtype=torch.long), k, v)
+    with pytest.raises(TypeError, match="share one dtype"):
+        grouped_decode_attention(torch.randn(1, 8, 1, 4, dtype=torch.float64), k, v)
+    with pytest.raises(ValueError, match=r"k must be a 4-d.*\(2, 5, 4\)"):  # a tensor of the wrong shape stays a ValueError
+        grouped_decode_attention(torch.randn(1, 8, 1, 4), k[0], v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_grouped_decode_attention_half_precision(dtype):
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 8, 1, 16, generator=g), torch.randn(2, 2, 40, 16, generator=g),
+               torch.randn(2, 2, 40, 16, generator=g))
+    out = grouped_decode_attention(*(t.to(dtype) for t in (q, k, v)))
+    ref = grouped_decode_attention(q.double(), k.double(), v.double())
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_weights_path_keeps_the_conventions(dtype):
+    # the weights path (need_weights=True) against the float64 module: fully masked rows zero, blocked
+    # weights exactly zero, rows summing to one, in every dtype
+    mha = MultiHeadAttention(16, 4).double().eval()
+    low = MultiHeadAttention(16, 4).to(dtype).eval()
+    low.load_state_dict({k_: p.to(dtype) for k_, p in mha.state_dict().items()})
+    x = _x(2, 7, 16, seed=11)
+    mask = causal_mask(7) & padding_mask([7, 5])  # (B, 1, T, S)
+    mask[1, 0, 3] = False  # a query of batch 1 with no key
+    out, w = low(x.to(dtype), mask=mask)
+    ref_out, ref_w = mha(x, mask=mask)
+    assert w.dtype == out.dtype == dtype and torch.isfinite(out).all() and torch.isfinite(w).all()
+    assert (w[~mask.expand_as(w)] == 0).all() and torch.equal(w[1, :, 3], torch.zeros(4, 7, dtype=dtype))
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(w.double(), ref_w, atol=tol, rtol=tol)
+    torch.testing.assert_close(out.double(), ref_out, atol=tol, rtol=tol)
