@@ -21,7 +21,7 @@ from attnbook.latent import (
 from attnbook.masks import causal_mask
 from attnbook.measure import tracked_memory
 
-E, H, DC, DN, DR, DV = 64, 4, 16, 16, 8, 12  # Dv != Dn, so that a mix-up of the two fails
+E, H, DC, DN, DR, DV = 64, 4, 24, 16, 8, 12  # Dc, Dn, Dv and Dc + Dr != Dn + Dr all differ: a mix-up fails
 SIZES = dict(kv_lora_rank=DC, qk_nope_head_dim=DN, qk_rope_head_dim=DR, v_head_dim=DV)
 
 
@@ -205,9 +205,9 @@ def test_static_cache_preallocates_and_truncates():
 def test_cache_errors():
     cache = LatentKVCache()
     cache.append(_x(2, 3, DC), _x(2, 3, DR))
-    with pytest.raises(ValueError, match=r"do not fit the cache's \(B, S, Dc \+ Dr\) = \(2, 3, 16 \+ 8\)"):
+    with pytest.raises(ValueError, match=r"do not fit the cache's \(B, S, Dc \+ Dr\) = \(2, 3, 24 \+ 8\)"):
         cache.append(_x(2, 1, DC + 1), _x(2, 1, DR))
-    with pytest.raises(ValueError, match=r"matching \(B, T\), got \(2, 2, 16\) and \(2, 1, 8\)"):
+    with pytest.raises(ValueError, match=r"matching \(B, T\), got \(2, 2, 24\) and \(2, 1, 8\)"):
         cache.append(_x(2, 2, DC), _x(2, 1, DR))
     with pytest.raises(TypeError, match="c_kv must be a torch.Tensor"):
         cache.append([1.0], _x(2, 1, DR))  # type: ignore[arg-type]
