@@ -301,7 +301,9 @@ class MultiHeadLatentAttention(nn.Module):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
         self.rope_interleave = rope_interleave
-        if isinstance(rms_norm_eps, bool) or not isinstance(rms_norm_eps, (int, float)) or not rms_norm_eps > 0:
+        if isinstance(rms_norm_eps, bool) or not isinstance(rms_norm_eps, (int, float)):
+            raise TypeError(f"rms_norm_eps must be a positive number, got {type(rms_norm_eps).__name__} {rms_norm_eps!r}")
+        if not rms_norm_eps > 0:
             raise ValueError(f"rms_norm_eps must be a positive number, got {rms_norm_eps!r}")
         self.qk_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim  # D = Dn + Dr
         self.scaling = self.qk_head_dim ** -0.5  # 1 / sqrt(Dn + Dr), as Hugging Face without rope scaling

@@ -52,10 +52,12 @@ def deepseek_v3():
     return modeling
 
 
-def _hf(modeling, q_lora_rank: int | None, rope_interleave: bool = True, rope_parameters: dict | None = None):
+def _hf(modeling, q_lora_rank: int | None, rope_interleave: bool = True, rope_parameters: dict | None = None,
+        attention_bias: bool = False):
     config = modeling.DeepseekV3Config(
         hidden_size=E, num_attention_heads=H, num_key_value_heads=H, q_lora_rank=q_lora_rank, kv_lora_rank=DC,
         qk_nope_head_dim=DN, qk_rope_head_dim=DR, v_head_dim=DV, rope_interleave=rope_interleave,
+        attention_bias=attention_bias,
         rope_parameters=rope_parameters or {"rope_type": "default", "rope_theta": 10000.0},
         num_hidden_layers=1, vocab_size=32, intermediate_size=32, moe_intermediate_size=16, n_routed_experts=4,
         max_position_embeddings=128,
@@ -76,11 +78,15 @@ def _additive(mask: torch.Tensor, B: int) -> torch.Tensor:
     return bias[None, None].expand(B, 1, *mask.shape)
 
 
-@pytest.mark.parametrize("q_lora_rank, rope_interleave", [(None, True), (24, True), (24, False)])
-def test_prefill_equals_hugging_face_deepseek_v3(deepseek_v3, q_lora_rank, rope_interleave):
-    attn, rotary = _hf(deepseek_v3, q_lora_rank, rope_interleave)
+@pytest.mark.parametrize("q_lora_rank, rope_interleave, bias", [(None, True, False), (24, True, False), (24, False, True)])
+def test_prefill_equals_hugging_face_deepseek_v3(deepseek_v3, q_lora_rank, rope_interleave, bias):
+    attn, rotary = _hf(deepseek_v3, q_lora_rank, rope_interleave, attention_bias=bias)
+    if bias:
+        with torch.no_grad():  # biases start at zero-ish: make them count
+            for lin in (attn.q_a_proj, attn.kv_a_proj_with_mqa, attn.o_proj):
+                lin.bias.uniform_(-0.5, 0.5)
     mla = MultiHeadLatentAttention.from_hf(attn)
-    assert (mla.q_proj is None) == (q_lora_rank is not None)
+    assert (mla.q_proj is None) == (q_lora_rank is not None) and (mla.o_proj.bias is not None) == bias
     B, T = 2, 20
     x = _x(B, T, E)
     position_ids = torch.arange(T)[None].expand(B, T)  # (B, T)
@@ -305,6 +311,12 @@ def test_constructor_errors():
     with pytest.raises(ValueError, match="rope_base must be a number > 1, got 1"):
         MultiHeadLatentAttention(64, 4, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
                                  rope_base=1)
+    with pytest.raises(TypeError, match="rms_norm_eps must be a positive number, got str"):
+        MultiHeadLatentAttention(64, 4, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+                                 rms_norm_eps="1e-6")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="rope_interleave must be a bool, got int 1"):
+        MultiHeadLatentAttention(64, 4, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+                                 rope_interleave=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="v_head_dim must be an int >= 1, got 0"):
         MultiHeadLatentAttention(64, 4, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=0)
 
