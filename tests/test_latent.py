@@ -1,0 +1,338 @@
+"""Tests for attnbook.latent: multi-head latent attention (MLA), its latent cache, absorption, accounting.
+
+Dimension legend: B batch, H heads, T query length, S key length, E model dim, Dn / Dr / Dv the per-head
+no-position, RoPE and value widths, Dc the latent width (kv_lora_rank).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnbook.kvcache import KVCache, kv_cache_bytes_per_token
+from attnbook.latent import (
+    DEEPSEEK_V3,
+    LatentKVCache,
+    MultiHeadLatentAttention,
+    absorb_through_rotated_key,
+    mla_cache_bytes_per_token,
+    mla_cache_elements_per_token,
+)
+from attnbook.masks import causal_mask
+from attnbook.measure import tracked_memory
+
+E, H, DC, DN, DR, DV = 64, 4, 24, 16, 8, 12  # Dc, Dn, Dv and Dc + Dr != Dn + Dr all differ: a mix-up fails
+SIZES = dict(kv_lora_rank=DC, qk_nope_head_dim=DN, qk_rope_head_dim=DR, v_head_dim=DV)
+
+
+def _mla(q_lora_rank: int | None = None, dtype: torch.dtype = torch.float32, seed: int = 0,
+         **kw: object) -> MultiHeadLatentAttention:
+    torch.manual_seed(seed)
+    mla = MultiHeadLatentAttention(E, H, q_lora_rank=q_lora_rank, **SIZES, **kw).to(dtype).eval()  # type: ignore[arg-type]
+    with torch.no_grad():  # RMSNorm weights start at 1: make them differ, so that a missed one shows
+        for norm in (mla.q_a_layernorm, mla.kv_a_layernorm):
+            if norm is not None:
+                norm.weight.uniform_(0.5, 1.5)
+    return mla
+
+
+def _x(*shape: int, seed: int = 1, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- Hugging Face reference
+
+
+@pytest.fixture(scope="module")
+def deepseek_v3():
+    """transformers' deepseek_v3 modelling module (imported once: it takes seconds)."""
+    pytest.importorskip("transformers", reason="the reference DeepseekV3Attention needs transformers")
+    import transformers.models.deepseek_v3.modeling_deepseek_v3 as modeling
+
+    return modeling
+
+
+def _hf(modeling, q_lora_rank: int | None, rope_interleave: bool = True, rope_parameters: dict | None = None,
+        attention_bias: bool = False):
+    config = modeling.DeepseekV3Config(
+        hidden_size=E, num_attention_heads=H, num_key_value_heads=H, q_lora_rank=q_lora_rank, kv_lora_rank=DC,
+        qk_nope_head_dim=DN, qk_rope_head_dim=DR, v_head_dim=DV, rope_interleave=rope_interleave,
+        attention_bias=attention_bias,
+        rope_parameters=rope_parameters or {"rope_type": "default", "rope_theta": 10000.0},
+        num_hidden_layers=1, vocab_size=32, intermediate_size=32, moe_intermediate_size=16, n_routed_experts=4,
+        max_position_embeddings=128,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    attn = modeling.DeepseekV3Attention(config, layer_idx=0).eval()
+    with torch.no_grad():
+        for module in attn.modules():
+            if hasattr(module, "variance_epsilon"):  # the RMSNorms: weights other than 1
+                module.weight.uniform_(0.5, 1.5)
+    return attn, modeling.DeepseekV3RotaryEmbedding(config)
+
+
+def _additive(mask: torch.Tensor, B: int) -> torch.Tensor:
+    """Bool (T, S), True = may attend -> Hugging Face's additive float mask (B, 1, T, S)."""
+    bias = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)  # (T, S)
+    return bias[None, None].expand(B, 1, *mask.shape)
+
+
+@pytest.mark.parametrize("q_lora_rank, rope_interleave, bias", [(None, True, False), (24, True, False), (24, False, True)])
+def test_prefill_equals_hugging_face_deepseek_v3(deepseek_v3, q_lora_rank, rope_interleave, bias):
+    attn, rotary = _hf(deepseek_v3, q_lora_rank, rope_interleave, attention_bias=bias)
+    if bias:
+        with torch.no_grad():  # biases start at zero-ish: make them count
+            for lin in (attn.q_a_proj, attn.kv_a_proj_with_mqa, attn.o_proj):
+                lin.bias.uniform_(-0.5, 0.5)
+    mla = MultiHeadLatentAttention.from_hf(attn)
+    assert (mla.q_proj is None) == (q_lora_rank is not None) and (mla.o_proj.bias is not None) == bias
+    B, T = 2, 20
+    x = _x(B, T, E)
+    position_ids = torch.arange(T)[None].expand(B, T)  # (B, T)
+    mask = causal_mask(T)
+    with torch.no_grad():
+        ref, ref_w = attn(x, rotary(x, position_ids), _additive(mask, B))
+        for absorb in (False, True):
+            out, w = mla(x, mask=mask, absorb=absorb, need_weights=True)
+            torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+            torch.testing.assert_close(w, ref_w, atol=1e-5, rtol=0)
+    assert ref.abs().max() > 0.1  # a real output, not one that any zero would match
+
+
+def test_per_sequence_positions_equal_hugging_face(deepseek_v3):
+    attn, rotary = _hf(deepseek_v3, 24)
+    mla = MultiHeadLatentAttention.from_hf(attn)
+    B, T = 2, 17
+    x = _x(B, T, E, seed=2)
+    gap = torch.arange(T) + 5 * (torch.arange(T) >= 9)  # 0 .. 8, then 14 .. 21: a gap of 5 positions
+    position_ids = torch.stack([torch.arange(T) + 3, gap])  # (B, T)
+    mask = causal_mask(T)
+    with torch.no_grad():
+        ref, _ = attn(x, rotary(x, position_ids), _additive(mask, B))
+        out, _ = mla(x, position_ids, mask)
+        shifted, _ = mla(x, mask=mask)  # both at 0 .. T-1: the first is the same (RoPE is relative), the second not
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(shifted[0], ref[0], atol=1e-5, rtol=0)
+    assert (shifted[1, 9:] - ref[1, 9:]).abs().max() > 1e-3
+
+
+def test_from_hf_refuses_other_modules_and_rope_scaling(deepseek_v3):
+    with pytest.raises(TypeError, match="DeepseekV3Attention, got Linear"):
+        MultiHeadLatentAttention.from_hf(torch.nn.Linear(2, 2))
+    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32}
+    attn, _ = _hf(deepseek_v3, None, rope_parameters=yarn)
+    with pytest.raises(ValueError, match="rope scaling is out of scope.*'yarn'"):
+        MultiHeadLatentAttention.from_hf(attn)
+
+
+def test_deepseek_v3_constants_are_transformers_defaults(deepseek_v3):
+    config = deepseek_v3.DeepseekV3Config()
+    for name, value in DEEPSEEK_V3.items():
+        assert getattr(config, name) == value, name
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("q_lora_rank", [None, 24])
+def test_absorbed_decoding_equals_naive_and_full_recomputation(dtype, atol, q_lora_rank):
+    mla = _mla(q_lora_rank, dtype)
+    B, prompt, steps = 2, 4, 20
+    x = _x(B, prompt + steps, E, seed=3, dtype=dtype)
+    caches = {"naive": LatentKVCache(), "absorbed": LatentKVCache(), "static": LatentKVCache(max_len=prompt + steps)}
+    absorb = {"naive": False, "absorbed": True, "static": True}
+    with torch.no_grad():
+        for name, cache in caches.items():  # the prompt at once
+            out, _ = mla(x[:, :prompt], mask=causal_mask(prompt), cache=cache, absorb=absorb[name])
+            full, _ = mla(x[:, :prompt], mask=causal_mask(prompt))
+            torch.testing.assert_close(out, full, atol=atol, rtol=0)
+        for t in range(prompt, prompt + steps):  # then one token a step
+            full, full_w = mla(x[:, : t + 1], mask=causal_mask(t + 1), need_weights=True)  # (B, t+1, E)
+            for name, cache in caches.items():
+                out, w = mla(x[:, t : t + 1], cache=cache, absorb=absorb[name], need_weights=True)  # (B, 1, E)
+                assert len(cache) == t + 1
+                torch.testing.assert_close(out[:, 0], full[:, -1], atol=atol, rtol=0)
+                torch.testing.assert_close(w[:, :, 0], full_w[:, :, -1], atol=atol, rtol=0)
+    assert full[:, -1].abs().max() > 0.05
+
+
+def test_absorbed_path_builds_no_per_head_keys_or_values():
+    mla = MultiHeadLatentAttention(E, 8, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16).eval()
+    calls = []
+    mla.kv_b_proj.register_forward_hook(lambda *args: calls.append(1))
+    S = 128
+    per_head_keys = 1 * 8 * (S + 1) * 16 * 4  # bytes of (B, H, S + 1, Dn) float32
+    largest = {}
+    for absorb in (False, True):
+        cache = LatentKVCache(max_len=S + 1)
+        with torch.no_grad():
+            mla(_x(1, S, E), cache=cache)  # prefill (naive: one call)
+        calls.clear()
+        x = _x(1, 1, E, seed=4)
+        largest[absorb] = tracked_memory(lambda x=x, c=cache, a=absorb: mla(x, cache=c, absorb=a))["largest_bytes"]
+        assert len(calls) == (0 if absorb else 1)
+    assert largest[False] >= per_head_keys  # the naive step expands the whole cache ...
+    assert largest[True] < per_head_keys / 8  # ... the absorbed one never holds anything that large
+
+
+def test_cache_stores_only_latent_and_rope_key():
+    mla = _mla()
+    B, T = 3, 5
+    for dtype, itemsize in ((torch.float32, 4), (torch.float64, 8)):
+        cache = LatentKVCache()
+        with torch.no_grad():
+            mla.to(dtype)(_x(B, T, E, dtype=dtype), mask=causal_mask(T), cache=cache)
+            mla(_x(B, 1, E, seed=5, dtype=dtype), cache=cache)
+        assert len(cache) == T + 1
+        assert cache.nbytes == B * (T + 1) * (DC + DR) * itemsize
+        assert cache.c_kv is not None and cache.k_rope is not None
+        assert cache.c_kv.shape == (B, T + 1, DC) and cache.k_rope.shape == (B, T + 1, DR)
+    plain = KVCache()  # the same layer, keys and values cached after the up-projection: H (Dn + Dr + Dv) a token
+    k, v = mla.expand(cache.c_kv)
+    plain.append(torch.cat([k, cache.k_rope[:, None].expand(B, H, T + 1, DR)], -1), v)
+    assert plain.nbytes / cache.nbytes == H * (DN + DR + DV) / (DC + DR)
+
+
+def test_static_cache_preallocates_and_truncates():
+    cache = LatentKVCache(max_len=6)
+    c, r = _x(2, 4, DC), _x(2, 4, DR, seed=2)
+    cache.append(c, r)
+    assert cache.allocated_bytes == 2 * 6 * (DC + DR) * 4 and cache.nbytes == 2 * 4 * (DC + DR) * 4
+    cache.truncate(2)
+    c_all, r_all = cache.append(c[:, :1], r[:, :1])
+    torch.testing.assert_close(c_all, torch.cat([c[:, :2], c[:, :1]], 1))
+    torch.testing.assert_close(r_all, torch.cat([r[:, :2], r[:, :1]], 1))
+    with pytest.raises(ValueError, match="the cache is full: max_len=6, it holds 3 tokens and 4 more"):
+        cache.append(c, r)
+
+
+def test_cache_errors():
+    cache = LatentKVCache()
+    cache.append(_x(2, 3, DC), _x(2, 3, DR))
+    with pytest.raises(ValueError, match=r"do not fit the cache's \(B, S, Dc \+ Dr\) = \(2, 3, 24 \+ 8\)"):
+        cache.append(_x(2, 1, DC + 1), _x(2, 1, DR))
+    with pytest.raises(ValueError, match=r"matching \(B, T\), got \(2, 2, 24\) and \(2, 1, 8\)"):
+        cache.append(_x(2, 2, DC), _x(2, 1, DR))
+    with pytest.raises(TypeError, match="c_kv must be a torch.Tensor"):
+        cache.append([1.0], _x(2, 1, DR))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="a LatentKVCache .* got KVCache"):
+        _mla()(_x(1, 1, E), cache=KVCache())  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- why RoPE is decoupled
+
+
+def test_folding_through_a_rotated_key_is_wrong_except_at_position_zero():
+    mla = _mla(24, torch.float64)
+    T = 12
+    r = absorb_through_rotated_key(mla, _x(2, T, E, seed=6, dtype=torch.float64))
+    err = r.score_error_by_key_position  # (T,)
+    assert err[0] < 1e-12  # the key at position 0 is not rotated: folding W_UK is exact there
+    assert err[1:].min() > 0.05 * r.score_scale  # every later key: wrong by a sizeable part of the scores
+    assert r.per_distance_error < 1e-12  # one matrix R_(s-t) W_UK per distance would be right
+    assert r.matrix_change_by_distance[0] == 0 and r.matrix_change_by_distance[1:].min() > 0.1
+    assert r.output_error_by_position[0] < 1e-12  # query 0 sees only key 0
+    assert r.output_error_by_position[1:].min() > 1e-3 and r.output_error > 0.05
+    assert r.decoupled_error < 1e-12  # the real layer absorbs exactly
+
+
+def test_rotated_key_argument_errors():
+    with pytest.raises(ValueError, match="T >= 2"):
+        absorb_through_rotated_key(_mla(), _x(1, 1, E))
+    odd = MultiHeadLatentAttention(E, H, kv_lora_rank=DC, qk_nope_head_dim=15, qk_rope_head_dim=DR, v_head_dim=DV)
+    with pytest.raises(ValueError, match="qk_nope_head_dim.*must be even; got 15"):
+        absorb_through_rotated_key(odd, _x(1, 4, E))
+    with pytest.raises(TypeError, match="mla must be a MultiHeadLatentAttention"):
+        absorb_through_rotated_key(torch.nn.Linear(2, 2), _x(1, 4, E))  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- accounting
+
+
+def test_deepseek_v3_cache_accounting_by_hand():
+    elements = mla_cache_elements_per_token(DEEPSEEK_V3)
+    assert elements == {
+        "mla": 512 + 64,  # 576
+        "mha": 128 * 128 * 2,  # 32768: 128 heads x (128 key + 128 value)
+        "mha_expanded": 128 * (128 + 64) + 128 * 128,  # 40960
+        "gqa": 8 * 128 * 2,  # 2048
+        "mqa": 128 * 2,  # 256
+    }
+    per_layer = mla_cache_bytes_per_token(DEEPSEEK_V3)
+    assert per_layer["mla"] == 1152 and per_layer["mha"] == 65536
+    model = mla_cache_bytes_per_token(DEEPSEEK_V3, torch.bfloat16, all_layers=True)
+    assert model["mla"] == 576 * 2 * 61 == 70272
+    assert model["mha"] == kv_cache_bytes_per_token(61, 128, 128, torch.bfloat16) == 3997696
+    assert model["gqa"] == kv_cache_bytes_per_token(61, 8, 128, torch.bfloat16)
+    assert mla_cache_bytes_per_token(DEEPSEEK_V3, torch.float32)["mla"] == 2304
+    assert mla_cache_elements_per_token(DEEPSEEK_V3, gqa_groups=4)["gqa"] == 1024
+
+
+def test_accounting_matches_a_layers_cache():
+    config = dict(num_attention_heads=H, kv_lora_rank=DC, qk_nope_head_dim=DN, qk_rope_head_dim=DR, v_head_dim=DV,
+                  num_hidden_layers=1)
+    cache = LatentKVCache()
+    with torch.no_grad():
+        _mla()(_x(1, 1, E), cache=cache)
+    assert cache.nbytes == mla_cache_bytes_per_token(config, torch.float32, gqa_groups=2)["mla"]
+
+
+def test_accounting_errors():
+    with pytest.raises(ValueError, match=r"config is missing \['kv_lora_rank'\]"):
+        mla_cache_elements_per_token({k: v for k, v in DEEPSEEK_V3.items() if k != "kv_lora_rank"})
+    with pytest.raises(TypeError, match="config must be a mapping"):
+        mla_cache_elements_per_token([1, 2])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"gqa_groups must be an int in \[1, 128\], got 256"):
+        mla_cache_elements_per_token(DEEPSEEK_V3, gqa_groups=256)
+    with pytest.raises(TypeError, match="config\\['v_head_dim'\\] must be an int"):
+        mla_cache_elements_per_token({**DEEPSEEK_V3, "v_head_dim": 128.0})
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
+        mla_cache_bytes_per_token(DEEPSEEK_V3, "bf16")  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+
+def test_constructor_errors():
+    with pytest.raises(ValueError, match="kv_lora_rank=80 is larger than d_model=64"):
+        MultiHeadLatentAttention(64, 4, kv_lora_rank=80, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8)
+    with pytest.raises(ValueError, match="q_lora_rank=65 is larger than d_model=64"):
+        MultiHeadLatentAttention(64, 4, q_lora_rank=65, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=8,
+                                 v_head_dim=8)
+    with pytest.raises(ValueError, match="qk_rope_head_dim must be even .* got 7"):
+        MultiHeadLatentAttention(64, 4, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=7, v_head_dim=8)
+    with pytest.raises(TypeError, match="kv_lora_rank must be an int, got float 8.0"):
+        MultiHeadLatentAttention(64, 4, kv_lora_rank=8.0, qk_nope_head_dim=8, qk_rope_head_dim=8,  # type: ignore[arg-type]
+                                 v_head_dim=8)
+    with pytest.raises(TypeError, match="num_heads must be an int, got bool"):
+        MultiHeadLatentAttention(64, True, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8)
+    with pytest.raises(ValueError, match="rope_base must be a number > 1, got 1"):
+        MultiHeadLatentAttention(64, 4, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+                                 rope_base=1)
+    with pytest.raises(TypeError, match="rms_norm_eps must be a positive number, got str"):
+        MultiHeadLatentAttention(64, 4, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+                                 rms_norm_eps="1e-6")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="rope_interleave must be a bool, got int 1"):
+        MultiHeadLatentAttention(64, 4, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+                                 rope_interleave=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="v_head_dim must be an int >= 1, got 0"):
+        MultiHeadLatentAttention(64, 4, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=0)
+
+
+def test_forward_errors():
+    mla = _mla()
+    with pytest.raises(ValueError, match=r"x must be \(B, T, 64\) \(batch-first\), got \(5, 64\)"):
+        mla(_x(5, E))
+    with pytest.raises(ValueError, match=r"positions must be \(T,\) = \(5,\) or \(B, T\) = \(2, 5\), got shape \(4,\)"):
+        mla(_x(2, 5, E), torch.arange(4))
+    with pytest.raises(ValueError, match="does not broadcast to the scores' shape"):
+        mla(_x(2, 5, E), mask=causal_mask(4), absorb=True)
+
+
+def test_module_names_are_hugging_faces():
+    names = set(_mla(24).state_dict())
+    assert names == {"q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight", "kv_a_proj_with_mqa.weight",
+                     "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight"}
+    assert "q_proj.weight" in _mla(None).state_dict()
