@@ -179,8 +179,9 @@ MISTRAL_7B = AttentionConfig(
     layer_types=("sliding",) * 32, num_heads=32, num_kv_heads=8, head_dim=128, max_position_embeddings=32768,
     sliding_window=4096,
     verified="num_hidden_layers 32, num_attention_heads 32, num_key_value_heads 8, hidden_size 4096 (head_dim 128), "
-             "sliding_window 4096, max_position_embeddings 32768: transformers' MistralConfig defaults (documented "
-             "as mistralai/Mistral-7B-v0.1) and copies of the v0.1 config.json and params.json; every layer slides "
+             "sliding_window 4096: transformers' MistralConfig defaults (documented as mistralai/Mistral-7B-v0.1) and "
+             "copies of the v0.1 config.json and params.json; max_position_embeddings 32768 from the config.json "
+             "copies (transformers' default is 131072); every layer slides "
              "(Jiang et al. 2023, arXiv:2310.06825, rolling buffer cache of 4096). Later versions (v0.2, v0.3) set "
              "sliding_window to null.",
 )
