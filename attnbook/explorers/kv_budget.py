@@ -59,6 +59,11 @@ def kv_budget_explorer(*, contexts: Sequence[int] = CONTEXTS,
     (2: bfloat16). The book's scrubber shows ``static_models`` x ``static_contexts``."""
     contexts = [check_int("contexts", s) for s in contexts]
     check_int("dtype_bytes", dtype_bytes)
+    bad = [m for m in static_models if m not in CONFIGS]
+    if bad or not static_models:
+        raise ValueError(f"static_models must be names of attnbook.configs.CONFIGS ({', '.join(CONFIGS)}), got {bad}")
+    if not static_contexts or any(s not in contexts for s in static_contexts):
+        raise ValueError(f"static_contexts must be among contexts {contexts}, got {list(static_contexts)}")
     dtype_name = {1: "fp8", 2: "bf16", 4: "fp32"}.get(dtype_bytes, f"{dtype_bytes}-byte")
     # the curves do not depend on the controls: counted once
     curves = {m: [sum(r.bytes for r in kv_cache_by_layer(m, s, dtype_bytes=dtype_bytes)) for s in contexts]
@@ -120,8 +125,12 @@ def kv_budget_explorer(*, contexts: Sequence[int] = CONTEXTS,
         handles.append(Patch(facecolor="0.6", edgecolor="white", hatch="///", label="S past the model's context"))
         fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.01, 0.935), ncol=3, fontsize=9,
                    frameon=False, handlelength=1.6, columnspacing=1.2)
-        title = fig.suptitle(" ", fontsize=11, y=0.985)
-        text = fig.text(0.01, 0.015, " ", fontsize=10, va="bottom", ha="left")
+        # the changing texts live on an axes over the whole figure, not on the figure: matplotlib leaves a figure's
+        # own animated artists out of a full render (savefig), so tests could not compare them with the fast frame
+        page = fig.add_axes((0.0, 0.0, 1.0, 1.0))
+        page.axis("off")
+        title = page.text(0.5, 0.985, " ", fontsize=11, ha="center", va="top")
+        text = page.text(0.01, 0.015, " ", fontsize=10, va="bottom", ha="left")
         # a1's x axis (ticks, labels, grid) rescales with S, so it is redrawn too
         return fig, {"segments": list(segments.values()), "ends": list(ends.values()), "xaxis": a1.xaxis,
                      "highlight": highlight, "vline": vline, "line": line, "marker": marker, "t2": t2,
