@@ -96,13 +96,15 @@ def test_sliding_layers_cap_at_the_window():
         assert kv_cache_by_layer("mistral-7b-v0.1", S) == [CacheRow("sliding", 32, 4096, 512 * MiB)]
     # Gemma 3 27B: 52 local layers x 1024 tokens x 16 KV heads x 128 x 2 x 2 bytes = 416 MiB past S = 1024
     g = by_kind(kv_cache_by_layer("gemma-3-27b", 32768))
-    assert g["sliding"] == CacheRow("sliding", 52, 1024, 52 * 1024 * 16 * 128 * 2 * 2) and g["sliding"].bytes == 416 * MiB
+    assert g["sliding"] == CacheRow("sliding", 52, 1024, 52 * 1024 * 16 * 128 * 2 * 2)
+    assert g["sliding"].bytes == 416 * MiB
     assert g["full"] == CacheRow("full", 10, 32768, 10 * 32768 * 16 * 128 * 2 * 2) and g["full"].bytes == int(2.5 * GiB)
     assert by_kind(kv_cache_by_layer("gemma-3-27b", 512))["sliding"].tokens == 512
     assert by_kind(kv_cache_by_layer("gemma-3-27b", 131072))["sliding"].bytes == 416 * MiB
     # gpt-oss-120b: 18 local layers of a 128-token window, 4.5 MiB at any S >= 128
     o = by_kind(kv_cache_by_layer("gpt-oss-120b", 131072))
-    assert o["sliding"] == CacheRow("sliding", 18, 128, 18 * 128 * 8 * 64 * 2 * 2) and o["sliding"].bytes == int(4.5 * MiB)
+    assert o["sliding"] == CacheRow("sliding", 18, 128, 18 * 128 * 8 * 64 * 2 * 2)
+    assert o["sliding"].bytes == int(4.5 * MiB)
     assert o["full"].bytes == 18 * 131072 * 8 * 64 * 2 * 2 == int(4.5 * GiB)
 
 
@@ -289,9 +291,9 @@ def test_linear_state_matches_a_tiny_qwen3_next(capfd):
                              shared_expert_intermediate_size=8)
     tcfg._attn_implementation = "eager"
     model = T.Qwen3NextModel(tcfg).eval().to(torch.bfloat16)
-    cfg = AttentionConfig(name="tiny qwen3-next", repo="", source="", layer_types=tuple(_KIND[t] for t in tcfg.layer_types),
-                          num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64, linear_num_key_heads=2,
-                          linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6,
+    cfg = AttentionConfig(name="tiny qwen3-next", repo="", source="",
+                          layer_types=tuple(_KIND[t] for t in tcfg.layer_types), num_heads=4, num_kv_heads=2,
+                          head_dim=8, max_position_embeddings=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6,
                           linear_conv_kernel_dim=4)
     for S in (3, 40):
         cache = T.DynamicCache(config=tcfg)
