@@ -293,8 +293,8 @@ def test_linear_state_matches_a_tiny_qwen3_next(capfd):
     model = T.Qwen3NextModel(tcfg).eval().to(torch.bfloat16)
     cfg = AttentionConfig(name="tiny qwen3-next", repo="", source="",
                           layer_types=tuple(_KIND[t] for t in tcfg.layer_types), num_heads=4, num_kv_heads=2,
-                          head_dim=8, max_position_embeddings=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6,
-                          linear_conv_kernel_dim=4)
+                          head_dim=8, max_position_embeddings=64, linear_num_key_heads=2, linear_num_value_heads=4,
+                          linear_key_head_dim=8, linear_value_head_dim=6, linear_conv_kernel_dim=4)
     for S in (3, 40):
         cache = T.DynamicCache(config=tcfg)
         _run(model, torch.randint(0, 64, (2, S)), cache)
