@@ -10,7 +10,9 @@ Dimension legend: B batch (1 here), S context length (tokens per sequence).
 
 Numbers are counted, not measured: keys, values and latents in bfloat16 (2 bytes), the linear layers'
 recurrent state in float32, batch 1 (see :mod:`attnbook.configs` for exactly what each kind holds).
-A bar is hatched where S is beyond the model's ``max_position_embeddings``.
+A bar is hatched where S is beyond the model's ``max_position_embeddings`` (the positions its config
+allows, written under its name: 8K for Llama 3 8B; DeepSeek-V3's config allows 160K, its model card
+advertises 128K).
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def kv_budget_explorer(*, contexts: Sequence[int] = CONTEXTS,
         ends = {m: a1.text(0.0, ys[m], " ", va="center", fontsize=9) for m in _MODELS}
         a1.set_ylim(-0.6, n - 0.4)
         a1.set_yticks([ys[m] for m in _MODELS],
-                      labels=[f"{CONFIGS[m].name}\n{_k(CONFIGS[m].max_position_embeddings)} context" for m in _MODELS],
+                      labels=[f"{CONFIGS[m].name}\n{_k(CONFIGS[m].max_position_embeddings)} positions" for m in _MODELS],
                       fontsize=9)
         a1.tick_params(axis="x", labelsize=9)
         a1.set_xlabel("GiB per sequence", fontsize=10)
@@ -122,7 +124,7 @@ def kv_budget_explorer(*, contexts: Sequence[int] = CONTEXTS,
         (marker,) = a2.plot([], [], "o", color="tab:red", ms=7)
         t2 = a2.set_title(" ", fontsize=10)
         handles = [Patch(color=KIND_COLORS[k], label=KIND_LABELS[k]) for k in KINDS]
-        handles.append(Patch(facecolor="0.6", edgecolor="white", hatch="///", label="S past the model's context"))
+        handles.append(Patch(facecolor="0.6", edgecolor="white", hatch="///", label="S > max_position_embeddings"))
         fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.01, 0.935), ncol=3, fontsize=9,
                    frameon=False, handlelength=1.6, columnspacing=1.2)
         # the changing texts live on an axes over the whole figure, not on the figure: matplotlib leaves a figure's
