@@ -38,7 +38,8 @@ def test_controls():
     assert ex.control("model").values == MODELS and ex.control("model").kind == "dropdown"
     assert ex.control("context_len").values == [1024 * 2**i for i in range(8)]  # 1K .. 128K, powers of two
     assert ex.control("model").fmt("qwen3-next-80b-a3b") == "Qwen3-Next-80B-A3B"
-    assert ex.values == {"model": "gemma-3-27b", "context_len": 32768}
+    assert ex.values == {"model": "gemma-3-27b", "context_len": 8192}
+    assert ex.control("context_len").static_values == [1024, 8192, 131072]  # 18 frames in the book, about 1 MB
 
 
 @pytest.mark.parametrize("model, S", [("gemma-3-27b", 32768), ("qwen3-next-80b-a3b", 1024),
@@ -134,7 +135,7 @@ def test_static_html_is_a_scrubber():
     frames = list(ex.frames())
     assert len({png for _, png, _ in frames}) == len(frames)  # every frame differs
     assert frames[0][0] == {"model": "llama-3-8b", "context_len": 1024}
-    assert ex.values == {"model": "gemma-3-27b", "context_len": 32768}  # restored after the frames
+    assert ex.values == {"model": "gemma-3-27b", "context_len": 1024}  # restored after the frames
 
 
 def test_frames_hand_matplotlib_no_tensors(monkeypatch):

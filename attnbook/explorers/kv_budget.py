@@ -53,7 +53,7 @@ def _row_line(row: CacheRow) -> str:
 
 
 def kv_budget_explorer(*, contexts: Sequence[int] = CONTEXTS,
-                       static_contexts: Sequence[int] = (1024, 8192, 32768, 131072),
+                       static_contexts: Sequence[int] = (1024, 8192, 131072),
                        static_models: Sequence[str] = _MODELS, dtype_bytes: int = 2) -> Explorer:
     """Model (a dropdown over :data:`attnbook.configs.CONFIGS`) and context length S (a slider over
     ``contexts``, powers of two from 1K to 128K by default) -> every model's KV cache per sequence at S,
@@ -173,7 +173,7 @@ def kv_budget_explorer(*, contexts: Sequence[int] = CONTEXTS,
         return (f"{d['name']} at S = {d['context_len']:,} tokens{past}: {format_bytes(d['total'])} of KV cache per "
                 f"sequence ({dtype_name}, batch 1): {rows}. Source: {CONFIGS[d['model']].source}")
 
-    default_context = 32768 if 32768 in contexts else contexts[len(contexts) // 2]
+    default_context = 8192 if 8192 in static_contexts else static_contexts[0]
     return Explorer(
         "KV cache budget of published models",
         [
