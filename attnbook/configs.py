@@ -41,8 +41,9 @@ each against that class):
   ``conv_dim = 2 * linear_num_key_heads * linear_key_head_dim + linear_num_value_heads *
   linear_value_head_dim`` (queries, keys and values pass through the short convolution).
 * Keys and values (and latents) are ``dtype_bytes`` each (2: bfloat16 or float16, the usual KV cache
-  dtype for these models; 1 for an fp8 cache). Multi-token-prediction modules (DeepSeek-V3, Qwen3-Next) are not counted: they
-  are not among the ``num_hidden_layers`` layers and hold a cache only when used for speculative decoding.
+  dtype for these models; 1 for an fp8 cache). Multi-token-prediction modules (DeepSeek-V3, Qwen3-Next)
+  are not counted: they are not among the ``num_hidden_layers`` layers and hold a cache only when used
+  for speculative decoding.
 """
 
 from __future__ import annotations
