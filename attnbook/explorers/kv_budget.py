@@ -92,9 +92,8 @@ def kv_budget_explorer(*, contexts: Sequence[int] = CONTEXTS,
                     for m in _MODELS for k in KINDS}
         ends = {m: a1.text(0.0, ys[m], " ", va="center", fontsize=9) for m in _MODELS}
         a1.set_ylim(-0.6, n - 0.4)
-        a1.set_yticks([ys[m] for m in _MODELS],
-                      labels=[f"{CONFIGS[m].name}\n{_k(CONFIGS[m].max_position_embeddings)} positions" for m in _MODELS],
-                      fontsize=9)
+        names = [f"{CONFIGS[m].name}\n{_k(CONFIGS[m].max_position_embeddings)} positions" for m in _MODELS]
+        a1.set_yticks([ys[m] for m in _MODELS], labels=names, fontsize=9)
         a1.tick_params(axis="x", labelsize=9)
         a1.set_xlabel("GiB per sequence", fontsize=10)
         a1.grid(axis="x", alpha=0.3)
