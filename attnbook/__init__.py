@@ -16,7 +16,9 @@ below, or a subpackage's ``__init__`` for the names it lists):
   PyTorch's), ``efficient`` (sliding window, block sparse, linear, Performer,
   LSH, flash and decayed linear attention, and the registry of variants with
   the pairs each one scores and their measured costs), ``latent`` (multi-head
-  latent attention, DeepSeek-V2/V3: the latent cache and absorbed decoding);
+  latent attention, DeepSeek-V2/V3: the latent cache and absorbed decoding),
+  ``configs`` (the attention of six published models' configs, and their KV
+  cache by kind of layer);
 * models: ``tasks`` (``tasks.data``: the vocabulary and the toy tasks;
   ``tasks.models``: the two toy transformers), ``train`` (fit, evaluate,
   attention alignment, and one input's every attention map), ``pretrained``
@@ -31,7 +33,7 @@ below, or a subpackage's ``__init__`` for the names it lists):
   the machinery, and one module per family holding its ``<family>_explorer()``
   factory and the choices it offers: ``saturation``, ``heads``, ``masks``,
   ``positions``, ``trained_heads``, ``efficient``, ``gqa``, ``minilm``,
-  ``vit``);
+  ``vit``, ``kv_budget``);
 * checking anyone's attention: ``testing`` (``testing.check_attention``, an
   invariant battery for any attention function or module);
 * private: ``_checks`` (argument checks: TypeError for a wrong type,
@@ -112,7 +114,8 @@ __all__ = [
 # Submodules with heavier imports (matplotlib, ipywidgets, tokenizers) load on first use:
 # `attnbook.explorers.saturation_explorer()` works after a plain `import attnbook`.
 _LAZY = {"core", "mha", "positional", "kvcache", "layers", "efficient", "tasks", "train", "pretrained", "measure",
-         "plotting", "exercises", "explorers", "testing", "vision", "latent"}
+         "plotting", "exercises", "explorers", "testing", "vision", "latent",
+         "configs"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1017,9 +1017,6 @@ def flash_attention_backward(
     return dq.view(B, H, T, D).to(q.dtype), dk.view(B, H, S, D).to(k.dtype), dv.view(B, H, S, Dv).to(v.dtype)
 
 
-# ----------------------------------------------------------------------------- the registry
-
-
 # ----------------------------------------------------------------------------- which pairs each variant scores
 
 
@@ -1097,6 +1094,8 @@ def _bigbird_count(T: int, window: int, seed: int) -> int:
 
 
 def _bigbird_picture(T: int, window: int, P: int, seed: int) -> torch.Tensor:
+    if T % P:
+        return _pool(bigbird_pattern(T, window), P)
     A = _overlap(T, window, P)  # (P, nb): pool the block-level pattern, no (T, T) mask needed
     blocks = bigbird_block_pattern(A.shape[1]).double()  # (nb, nb)
     return (A @ blocks @ A.T).float()  # (P, P)

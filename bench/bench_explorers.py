@@ -25,7 +25,10 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 import common  # noqa: E402  puts the repository root on sys.path
 
-from attnbook.explorers import heads, masks, positions, saturation  # noqa: E402
+from attnbook.explorers import heads_explorer, masks_explorer, positions_explorer, saturation_explorer  # noqa: E402
+from attnbook.explorers.masks import MASK_KINDS  # noqa: E402
+from attnbook.explorers.positions import POSITION_KINDS  # noqa: E402
+from attnbook.explorers.saturation import DK_VALUES  # noqa: E402
 from attnbook.measure import time_samples  # noqa: E402
 
 NAME = "explorers"  # bench/results/explorers.json
@@ -33,10 +36,10 @@ GOAL_MS = 100.0
 
 # the control each benchmark moves, and the values it cycles through (keys: the names in explorers.json)
 CASES: dict[str, tuple[Callable[..., Any], str, Sequence[Any]]] = {
-    "saturation_explorer": (saturation.saturation_explorer, "d_k", saturation.DK_VALUES),
-    "head_explorer": (heads.heads_explorer, "num_heads", [1, 2, 4, 8, 16, 32]),
-    "mask_explorer": (masks.masks_explorer, "kind", masks.MASK_KINDS),
-    "position_explorer": (positions.positions_explorer, "kind", positions.POSITION_KINDS),
+    "saturation_explorer": (saturation_explorer, "d_k", DK_VALUES),
+    "heads_explorer": (heads_explorer, "num_heads", [1, 2, 4, 8, 16, 32]),
+    "masks_explorer": (masks_explorer, "kind", MASK_KINDS),
+    "positions_explorer": (positions_explorer, "kind", POSITION_KINDS),
 }
 
 

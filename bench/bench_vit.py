@@ -29,7 +29,7 @@ from attnbook.vision import (
     MLPClassifier,
     VisionTransformer,
     accuracy,
-    fit,
+    fit_images,
     load_digits_split,
     mlp_hidden_for,
     n_params,
@@ -49,12 +49,12 @@ def train_one(seed: int) -> dict[str, Any]:
     torch.manual_seed(seed)
     vit = VisionTransformer(**VIT)
     start = time.perf_counter()
-    fit(vit, x_tr, y_tr, seed=seed, **RECIPE)
+    fit_images(vit, x_tr, y_tr, seed=seed, **RECIPE)
     seconds = time.perf_counter() - start
     torch.manual_seed(seed)
     mlp = MLPClassifier(hidden=mlp_hidden_for(n_params(vit)))
     start = time.perf_counter()
-    fit(mlp, x_tr, y_tr, seed=seed, **RECIPE)
+    fit_images(mlp, x_tr, y_tr, seed=seed, **RECIPE)
     mlp_seconds = time.perf_counter() - start
     return {"seed": seed, "vit_accuracy": accuracy(vit, x_te, y_te), "vit_seconds": seconds,
             "mlp_accuracy": accuracy(mlp, x_te, y_te), "mlp_seconds": mlp_seconds,

@@ -146,12 +146,7 @@ def test_each_patterns_count_is_the_number_of_its_pairs(pattern_name, T, window)
 @pytest.mark.parametrize("T, window, P", [
     pytest.param(T, window, P, id=f"T{T}-w{window}-P{P}") for T, window, P in SIZES])
 @pytest.mark.parametrize("pattern_name", list(PATTERNS))
-def test_each_patterns_picture_is_its_pooled_pairs(pattern_name, T, window, P, request):
-    if pattern_name == "BigBird" and T % P:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "package bug: when P does not divide T, BIGBIRD_PAIRS.picture weighs each position by the share of "
-            "it inside a cell (fractional overlap), while SLIDING_WINDOW_PAIRS and LSH_PAIRS pool whole "
-            "positions (adaptive_avg_pool2d): the two kinds of picture differ by up to 0.3 in a cell")))
+def test_each_patterns_picture_is_its_pooled_pairs(pattern_name, T, window, P):
     pattern = PATTERNS[pattern_name]
     pairs = pattern.pairs(T, window, 0)
     pic = pattern.picture(T, window, P, 0)

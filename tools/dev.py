@@ -169,7 +169,8 @@ def test(args) -> None:
     if w7 is not None:
         env7 = {**env, "PYTHONPATH": os.pathsep.join([str(w7), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
                 "ATTNBOOK_EXPECT_IPYWIDGETS": "7"}
-        run(PY, "-m", "pytest", "-q", "tests/test_widgets.py", "tests/test_explorer.py",
+        run(PY, "-m", "pytest", "-q", "tests/test_explorers_base.py", "tests/test_explorers_saturation.py", "tests/test_explorers_heads.py",
+            "tests/test_explorers_masks.py", "tests/test_explorers_positions.py",
             "tests/test_vision.py::test_vit_explorer_draws_the_readers_own_digit", env=env7)
     # 4. everything: unit tests, notebook hygiene, browser tests, nbval strict over every chapter
     run(PY, "-m", "pytest", "tests", "chapters", *NBVAL, "-n", "2", "--dist", "loadfile", "-rs", *passthrough,

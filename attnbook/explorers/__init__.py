@@ -9,6 +9,8 @@
 * ``efficient.efficient_explorer()``: variant, T, window -> pairs scored, time, memory (chapter 8);
 * ``gqa.gqa_explorer()``: query and key/value heads, context -> KV cache and decoding time (chapter 9);
 * ``minilm.minilm_explorer(model, tokenizer)``: layer, head, sentence -> all-MiniLM-L6-v2's heads (chapter 10);
+* ``kv_budget.kv_budget_explorer()``: a published model's config and a context length -> its KV cache per
+  sequence, split by kind of layer (chapter 12);
 * ``vit.vit_explorer(model, images, labels)``: digit, layer, head, raw or rollout -> what a trained Vision
   Transformer's [CLS] token looks at (chapter 11).
 
@@ -38,10 +40,14 @@ __all__ = [
     "gqa_explorer",
     "minilm_explorer",
     "vit_explorer",
+    "kv_budget_explorer",
+    "FACTORIES",
 ]
 
-_FAMILIES = ("saturation", "heads", "masks", "positions", "trained_heads", "efficient", "gqa", "minilm", "vit")
+_FAMILIES = ("saturation", "heads", "masks", "positions", "trained_heads", "efficient", "gqa", "minilm", "vit",
+             "kv_budget")
 FACTORIES = {f"{family}_explorer": family for family in _FAMILIES}
+"""Each factory's name -> the module of its family (``attnbook.explorers.<family>``)."""
 
 
 def __getattr__(name: str) -> Any:

@@ -61,6 +61,15 @@ _SYMBOLS = "0123456789abcdefghijklmnopqrstuvwxyz"
 _TEST_SHARE = 10  # one source in 10 is held out for testing
 
 
+def _check_ids_2d(name: str, ids: object) -> None:
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids (B, L), got {type(ids).__name__}")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids, got {ids.dtype}")
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must be (B, L) token ids, got shape {shape_str(ids)}")
+
+
 class Vocab:
     """Special tokens ``<pad> <bos> <eos> <sep>`` (ids 0-3), then one token per symbol.
 
@@ -116,14 +125,14 @@ class Vocab:
     def shift_right(self, tgt: torch.Tensor) -> torch.Tensor:
         """The decoder's input under teacher forcing: BOS, then ``tgt (B, L)`` shifted right by one (its last
         token dropped), so that position k predicts ``tgt[:, k]`` having seen ``tgt[:, :k]``."""
-        if not isinstance(tgt, torch.Tensor) or tgt.dim() != 2:
-            raise TypeError(f"tgt must be a (B, L) tensor of token ids, got {getattr(tgt, 'shape', type(tgt).__name__)}")
+        _check_ids_2d("tgt", tgt)
         bos = torch.full_like(tgt[:, :1], self.bos_id)  # (B, 1)
         return torch.cat([bos, tgt[:, :-1]], dim=1)  # (B, L)
 
     def stop_after_eos(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids (B, L)`` with everything after each row's first EOS replaced by PAD (what a greedy decoder
         wrote once it was done)."""
+        _check_ids_2d("ids", ids)
         eos = (ids == self.eos_id).long()  # (B, L)
         after = (eos.cumsum(dim=1) - eos) > 0  # (B, L) strictly after the first EOS
         return ids.masked_fill(after, self.pad_id)
