@@ -54,10 +54,11 @@ import torch
 
 from ._checks import check_int
 from .kvcache import kv_cache_bytes_per_token
+from .latent import DEEPSEEK_V3_MLA
 
 __all__ = [
-    "KINDS",
-    "KIND_LABELS",
+    "LAYER_KINDS",
+    "LAYER_KIND_LABELS",
     "AttentionConfig",
     "CacheRow",
     "LLAMA_3_8B",
@@ -72,8 +73,8 @@ __all__ = [
     "format_bytes",
 ]
 
-KINDS = ("full", "sliding", "mla", "linear")
-KIND_LABELS = {
+LAYER_KINDS = ("full", "sliding", "mla", "linear")
+LAYER_KIND_LABELS = {
     "full": "global (full attention)",
     "sliding": "local (sliding window)",
     "mla": "MLA latent",
@@ -89,7 +90,7 @@ class AttentionConfig:
 
     Field names follow the Hugging Face ``config.json`` (``num_key_value_heads`` is ``num_kv_heads``
     here, as in :class:`attnbook.MultiHeadAttention`). ``layer_types`` has one entry per layer, one of
-    :data:`KINDS`. ``source`` is the URL of the official ``config.json``; ``verified`` says how the
+    :data:`LAYER_KINDS`. ``source`` is the URL of the official ``config.json``; ``verified`` says how the
     numbers were checked.
     """
 
@@ -114,9 +115,9 @@ class AttentionConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.layer_types, tuple) or not self.layer_types:
             raise TypeError(f"{self.name}: layer_types must be a non-empty tuple of kinds, got {self.layer_types!r}")
-        unknown = sorted(set(self.layer_types) - set(KINDS))
+        unknown = sorted(set(self.layer_types) - set(LAYER_KINDS))
         if unknown:
-            raise ValueError(f"{self.name}: unknown layer kinds {unknown}; kinds are {KINDS}")
+            raise ValueError(f"{self.name}: unknown layer kinds {unknown}; kinds are {LAYER_KINDS}")
         for field in ("num_heads", "num_kv_heads", "head_dim", "max_position_embeddings"):
             check_int(f"{self.name}: {field}", getattr(self, field))
         needs = {"sliding": ("sliding_window",), "mla": ("kv_lora_rank", "qk_rope_head_dim"),
@@ -135,9 +136,9 @@ class AttentionConfig:
         return len(self.layer_types)
 
     def count(self, kind: str) -> int:
-        """How many layers are of ``kind`` (one of :data:`KINDS`)."""
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        """How many layers are of ``kind`` (one of :data:`LAYER_KINDS`)."""
+        if kind not in LAYER_KINDS:
+            raise ValueError(f"kind must be one of {LAYER_KINDS}, got {kind!r}")
         return self.layer_types.count(kind)
 
 
@@ -154,7 +155,7 @@ class CacheRow:
     @property
     def label(self) -> str:
         """The kind in words, e.g. ``"local (sliding window)"``."""
-        return KIND_LABELS[self.kind]
+        return LAYER_KIND_LABELS[self.kind]
 
 
 def _every(num_layers: int, period: int, other: str, last: str) -> tuple[str, ...]:
@@ -200,8 +201,10 @@ GEMMA_3_27B = AttentionConfig(
 
 DEEPSEEK_V3 = AttentionConfig(
     name="DeepSeek-V3", repo="deepseek-ai/DeepSeek-V3", source=_HF.format("deepseek-ai/DeepSeek-V3"),
-    layer_types=("mla",) * 61, num_heads=128, num_kv_heads=128, head_dim=192, max_position_embeddings=163840,
-    kv_lora_rank=512, qk_rope_head_dim=64,
+    layer_types=("mla",) * DEEPSEEK_V3_MLA["num_hidden_layers"], num_heads=DEEPSEEK_V3_MLA["num_attention_heads"],
+    num_kv_heads=DEEPSEEK_V3_MLA["num_attention_heads"],
+    head_dim=DEEPSEEK_V3_MLA["qk_nope_head_dim"] + DEEPSEEK_V3_MLA["qk_rope_head_dim"], max_position_embeddings=163840,
+    kv_lora_rank=DEEPSEEK_V3_MLA["kv_lora_rank"], qk_rope_head_dim=DEEPSEEK_V3_MLA["qk_rope_head_dim"],
     verified="num_hidden_layers 61, num_attention_heads 128, num_key_value_heads 128, kv_lora_rank 512, "
              "qk_rope_head_dim 64, qk_nope_head_dim 128 (head_dim 128 + 64 = 192 for queries and keys), "
              "max_position_embeddings 163840: copies of the config.json (model_type deepseek_v3), transformers' "
@@ -262,7 +265,7 @@ def kv_cache_by_layer(config: str | AttentionConfig, context_len: int, *, dtype_
     """The KV cache of ``batch`` sequences of ``context_len`` tokens (S) each, split by kind of layer.
 
     Returns one :class:`CacheRow` per kind present in ``config`` (a name of :data:`CONFIGS` or an
-    :class:`AttentionConfig`), in the order of :data:`KINDS`; the total is ``sum(r.bytes for r in rows)``.
+    :class:`AttentionConfig`), in the order of :data:`LAYER_KINDS`; the total is ``sum(r.bytes for r in rows)``.
     Keys, values, latents and convolution states take ``dtype_bytes`` bytes per number (1, 2, 4 or 8);
     the linear layers' recurrent state ``state_dtype_bytes`` (4: float32, as ``transformers`` keeps it).
     See the module docstring for what each kind holds; full and sliding layers are counted with
@@ -278,7 +281,7 @@ def kv_cache_by_layer(config: str | AttentionConfig, context_len: int, *, dtype_
             raise ValueError(f"{name} must be one of {sorted(_DTYPES)} (bytes per number), got {size!r}")
     dtype = _DTYPES[dtype_bytes]
     rows = []
-    for kind in KINDS:
+    for kind in LAYER_KINDS:
         n = cfg.count(kind)
         if n == 0:
             continue

@@ -70,7 +70,7 @@ __all__ = [
     "mla_cache_elements_per_token",
     "mla_cache_bytes_per_token",
     "LatentConfig",
-    "DEEPSEEK_V3",
+    "DEEPSEEK_V3_MLA",
 ]
 
 
@@ -90,7 +90,7 @@ class LatentConfig(TypedDict):
 # DeepSeek-V3 (671B): deepseek-ai/DeepSeek-V3's config.json on the Hugging Face Hub
 # (https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json); the same values are the defaults of
 # transformers' DeepseekV3Config. Its rope is YaRN-scaled (factor 40), which sets no cache size.
-DEEPSEEK_V3: LatentConfig = {
+DEEPSEEK_V3_MLA: LatentConfig = {
     "hidden_size": 7168,
     "num_attention_heads": 128,
     "q_lora_rank": 1536,
@@ -682,7 +682,7 @@ def _check_config(config: object) -> dict[str, int]:
 def mla_cache_elements_per_token(config: Mapping[str, Any], *, gqa_groups: int = 8) -> dict[str, int]:
     """Numbers cached per token and per layer by MLA and by the classic layouts of the same width.
 
-    ``config`` holds config.json's names (:class:`LatentConfig`, e.g. :data:`DEEPSEEK_V3`); with H heads,
+    ``config`` holds config.json's names (:class:`LatentConfig`, e.g. :data:`DEEPSEEK_V3_MLA`); with H heads,
     Dn, Dr, Dv as in the module's legend and Dc = ``kv_lora_rank``:
 
     * ``"mla"``: ``Dc + Dr``, the latent and the shared RoPE key (DeepSeek-V3: 512 + 64 = 576);

@@ -24,25 +24,28 @@ Times are medians of interleaved rounds (both paths at every S once per round, s
 shared machine hits all alike) after one warm-up call each, under ``torch.no_grad()``
 (``attnbook.measure.time_calls``). Goal: the absorbed step is faster than the naive one at every S (ratio
 naive / absorbed > 1) and at least 10x faster at the largest S. The two paths' outputs are compared too
-(largest difference, float32). Results are printed and written to bench/results/latent.json with
-``attnbook.measure.machine_summary()``.
+(largest difference, float32). Results are printed with PASS/MISS per goal and written to
+bench/results/latent.json with ``attnbook.measure.machine_summary()``; the exit status is 1 when a goal is missed.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results" / "latent.json"
-CONFIG = {"d_model": 2048, "num_heads": 16, "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
-          "qk_rope_head_dim": 64, "v_head_dim": 128}  # DeepSeek-V2-Lite's attention
+import common  # first: puts the repository root on sys.path
+import torch
+
+from attnbook.latent import LatentKVCache, MultiHeadLatentAttention, mla_cache_elements_per_token
+from attnbook.measure import machine_summary, time_calls
+
+NAME = "latent"  # bench/results/latent.json
+RESULTS = common.results_path(NAME)
+CONFIG: dict[str, Any] = {"d_model": 2048, "num_heads": 16, "q_lora_rank": None, "kv_lora_rank": 512,
+                          "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}  # DeepSeek-V2-Lite's
 S_VALUES = (256, 1024, 4096)
 S_VALUES_QUICK = (64, 256, 1024)
 GOAL_EVERY_S = 1.0  # naive / absorbed > this at every S
@@ -50,35 +53,16 @@ GOAL_LARGEST_S = 10.0  # ... and >= this at the largest S
 PATHS = ("naive", "absorbed")
 
 
-def setup(threads: int):
-    """Make ``attnbook`` importable from the repository and set torch's thread count (0: torch's default)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    import torch
-
-    if threads > 0:
-        torch.set_num_threads(threads)
-    return torch
-
-
-def build_layer():
+def build_layer() -> MultiHeadLatentAttention:
     """The benchmarked layer (:data:`CONFIG`), float32, eval mode, weights drawn from a fixed seed."""
-    import torch
-
-    from attnbook.latent import MultiHeadLatentAttention
-
     with torch.random.fork_rng():
         torch.manual_seed(0)
         return MultiHeadLatentAttention(**CONFIG).eval()
 
 
-def filled_cache(mla, S: int):
+def filled_cache(mla: MultiHeadLatentAttention, S: int) -> LatentKVCache:
     """A preallocated :class:`attnbook.latent.LatentKVCache` for S + 1 tokens, holding S random rows
     ``[c_kv | k_rope]`` (unit-scale, as after the RMSNorm)."""
-    import torch
-
-    from attnbook.latent import LatentKVCache
-
     g = torch.Generator().manual_seed(S)
     cache = LatentKVCache(max_len=S + 1)
     cache.append(torch.randn(1, S, mla.kv_lora_rank, generator=g),  # (B, S, Dc)
@@ -86,21 +70,20 @@ def filled_cache(mla, S: int):
     return cache
 
 
-def step_calls(mla, s_values) -> tuple[dict[tuple[str, int], Callable[[], object]], dict[int, float]]:
+def step_calls(mla: MultiHeadLatentAttention, s_values: Sequence[int]
+               ) -> tuple[dict[tuple[str, int], Callable[[], torch.Tensor]], dict[int, float]]:
     """``(path, S) -> one decoding step`` (the cache rewound after it), and the largest difference between
     the two paths' outputs at each S."""
-    import torch
-
     x = torch.randn(1, 1, mla.d_model, generator=torch.Generator().manual_seed(1))  # (B, T=1, E) the new token
-    calls: dict[tuple[str, int], Callable[[], object]] = {}
+    calls: dict[tuple[str, int], Callable[[], torch.Tensor]] = {}
     diffs: dict[int, float] = {}
     for S in s_values:
         outs = []
         for path in PATHS:
             cache = filled_cache(mla, S)
 
-            def step(cache=cache, absorb=(path == "absorbed"), S=S):
-                out, _ = mla(x, cache=cache, absorb=absorb)  # (1, 1, E)
+            def step(cache: LatentKVCache = cache, absorb: bool = (path == "absorbed"), S: int = S) -> torch.Tensor:
+                out, _ = mla(x, cache=cache, absorb=absorb)  # (B, T=1, E)
                 cache.truncate(S)
                 return out
 
@@ -111,24 +94,20 @@ def step_calls(mla, s_values) -> tuple[dict[tuple[str, int], Callable[[], object
     return calls, diffs
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="S = 64, 256, 1024 (a smoke test)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (default 1: steadier on a shared machine; 0 = torch's default)")
+    common.add_threads_option(ap)
     ap.add_argument("--repeats", type=int, default=None, help="timed rounds (default 7, or 3 with --quick)")
-    ap.add_argument("--no-save", action="store_true", help="do not write bench/results/latent.json")
+    common.add_no_save_option(ap, NAME)
     args = ap.parse_args(argv)
 
-    torch = setup(args.threads)
-    from attnbook.latent import mla_cache_elements_per_token
-    from attnbook.measure import machine_summary, time_calls
-
+    common.setup(args.threads)
     s_values = S_VALUES_QUICK if args.quick else S_VALUES
     repeats = args.repeats or (3 if args.quick else 7)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    load = common.load_average()
     summary = machine_summary()
-    print(f"{summary}; load average {load:.2f}", flush=True)
+    print(f"{summary}; load average {load}", flush=True)
     print(f"MLA decoding step, DeepSeek-V2-Lite's attention sizes {CONFIG}, B=1, float32, S = {list(s_values)}, "
           f"{repeats} interleaved rounds", flush=True)
     start = time.perf_counter()
@@ -147,29 +126,28 @@ def main(argv=None) -> int:
     goals = [(f"time(naive) / time(absorbed) at every S = {list(s_values)}", min(ratios.values()), ">", GOAL_EVERY_S),
              (f"time(naive) / time(absorbed) at S = {s_large}", ratios[s_large], ">=", GOAL_LARGEST_S)]
     print()
-    results = []
+    results: list[dict[str, Any]] = []
     for name, value, op, target in goals:
-        ok = value > target if op == ">" else value >= target
-        print(f"{name}: {value:.1f} (goal {op} {target:g}) {'PASS' if ok else 'MISS'}")
+        ok = common.verdict(value, op, target)
+        print(f"{name}: {value:.1f} (goal {op} {target:g}) {common.pass_miss(ok)}")
         results.append({"ratio": name, "measured": round(value, 2), "goal": f"{op} {target:g}", "pass": ok})
     elements = mla_cache_elements_per_token({**{k: v for k, v in CONFIG.items() if k != "d_model"},
                                              "num_attention_heads": CONFIG["num_heads"], "num_hidden_layers": 1})
     print(f"cache per token and layer: {elements['mla']} numbers (MLA) vs {elements['mha_expanded']} for this layer's "
           f"expanded keys and values ({elements['mha_expanded'] / elements['mla']:.1f}x)")
-    end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    end_load = common.load_average()
     print(f"{sum(r['pass'] for r in results)} of {len(results)} goals met in {time.perf_counter() - start:.0f} s; "
-          f"load average {load:.2f} at the start, {end_load:.2f} at the end")
+          f"load average {load} at the start, {end_load} at the end")
     if args.quick:
         print("(--quick is a smoke test: the goals are set for S up to 4096)")
 
     if not args.no_save:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "config": {
                 "layer": CONFIG, "batch": 1, "dtype": "float32", "S": list(s_values), "quick": args.quick,
-                "threads": torch.get_num_threads(), "rounds": repeats, "torch": torch.__version__,
-                "python": platform.python_version(), "machine": platform.machine(),
-                "machine_summary": summary, "load_average": round(load, 2), "load_average_end": round(end_load, 2),
+                "rounds": repeats, "statistic": "median of interleaved rounds",
+                **common.run_info(),  # torch, threads, python, machine, cpus, date, machine_summary
+                "load_average": load, "load_average_end": end_load,
             },
             "median_seconds": {path: {str(S): round(t, 6) for S, t in series.items()} for path, series in seconds.items()},
             "ratio_naive_over_absorbed": {str(S): round(r, 3) for S, r in ratios.items()},
@@ -177,8 +155,8 @@ def main(argv=None) -> int:
             "cache_elements_per_token": elements,
             "goals": results,
         }
-        RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
-        print(f"wrote {RESULTS.relative_to(ROOT)}")
+        common.save_results(NAME, payload)
+        print(f"wrote {common.shown(RESULTS)}")
     return 0 if all(r["pass"] for r in results) else 1
 
 

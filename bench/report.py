@@ -1,15 +1,19 @@
 """Regenerate the book's results page, ``benchmarks.md``, and its plots in one command.
 
-    .venv/bin/python bench/report.py                # T = 512 .. 8192, and bench_flash.py: several minutes
-    .venv/bin/python bench/report.py --quick        # T = 256 .. 2048: about a minute, a smoke test
-    .venv/bin/python bench/report.py --reuse-flash  # keep bench/results/flash.json instead of rerunning bench_flash.py
+    .venv/bin/python bench/report.py                # bench_flash/mha/latent.py, T = 512 .. 8192: several minutes
+    .venv/bin/python bench/report.py --quick        # T = 256 .. 2048: a few minutes, a smoke test
+    .venv/bin/python bench/report.py --reuse        # keep bench/results/{flash,mha,latent}.json, only sweep and write
+    .venv/bin/python bench/report.py --render-only  # measure nothing: rewrite the page from bench/results/*.json
 
-Dimension legend: B batch (1), H heads (2), T sequence length, D head dim (32).
+Dimension legend: B batch (1), H heads (2), T sequence length, D head dim (32); bench_mha.py's and
+bench_latent.py's own sizes (E model dim, S cached tokens, ...) are in their docstrings and results.
 
 What it does, in order:
 
-1. runs ``bench/bench_flash.py``'s ``main`` (``--quick`` and ``--threads`` are passed on), which writes
-   ``bench/results/flash.json`` (``--reuse-flash`` keeps the one there): its own run, with its own shapes;
+1. runs the ``main`` of ``bench/bench_flash.py``, ``bench/bench_mha.py`` and ``bench/bench_latent.py``
+   (``--quick`` and ``--threads`` are passed on), which write ``bench/results/flash.json``, ``mha.json`` and
+   ``latent.json`` (``--reuse``, formerly ``--reuse-flash``, keeps the ones there): separate runs, each with
+   its own shapes; a script whose goal is missed still writes its results, and the page lists the miss;
 2. one sweep of every case of ``bench_efficient.CASES`` at every T (``bench_efficient.measure``: median of
    interleaved rounds after a warm-up; the peak memory of every case tracked with
    :func:`attnbook.measure.tracked_memory`, deterministic, and for the naive and flash paths also measured
@@ -27,7 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -36,6 +40,8 @@ if str(BENCH) not in sys.path:  # bench/'s scripts, also when this one is import
 
 import bench_efficient as be  # noqa: E402
 import bench_flash as bf  # noqa: E402
+import bench_latent as bl  # noqa: E402
+import bench_mha as bm  # noqa: E402
 import common  # noqa: E402
 from common import RESULTS, ROOT  # noqa: E402
 
@@ -58,6 +64,10 @@ STYLE = {  # case -> (label, color, line style)
     "performer": ("Performer (m = 64)", "tab:brown", "--"),
     "lsh": ("LSH (chunks of 64, T/64 buckets)", "tab:pink", "-."),
 }
+# the scripts report.py runs before its sweep, each a separate run: results name -> its main(argv)
+SEPARATE: dict[str, Callable[[list[str] | None], int]] = {"flash": bf.main, "mha": bm.main, "latent": bl.main}
+
+
 def plot(data: dict, t_values: list[int]) -> list[str]:
     from matplotlib.figure import Figure
 
@@ -113,8 +123,26 @@ def _when(t_values: Sequence[int], cost: Sequence[float], ref: Sequence[float]) 
     return f"already at T = {t_values[0]}" if x == t_values[0] else f"T ≈ {x:.0f}"
 
 
+def _pass(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def _load_note(run: dict, start: str) -> str:
+    """``load average 1.23 at its start and 1.45 at its end`` (as far as ``run`` recorded them), and a warning
+    when it exceeded the CPU count."""
+    a, b = run.get(start), run.get("load_average_end")
+    if a is None:
+        return "load average not recorded"
+    note = f"load average {a:.2f} at its start" + ("" if b is None else f" and {b:.2f} at its end")
+    cpus = run.get("cpus")
+    if cpus and max(a, b or 0) > cpus:
+        note += f", above its {cpus} CPU(s): other programs competed for them, so compare the ratios, not the times"
+    return note
+
+
 def render(eff: dict, data: dict, t_values: list[int], images: list[str], explorers: dict | None,
-           tasks: dict | None, meta: dict, flash: dict | None = None) -> str:
+           tasks: dict | None, meta: dict, flash: dict | None = None, mha: dict | None = None,
+           latent: dict | None = None) -> str:
     L = ["# Benchmarks", ""]
     L.append(
         f"Measured on {meta['date']} on a machine with {meta['cpus']} CPU(s) ({meta['cpu']}), torch "
@@ -122,8 +150,8 @@ def render(eff: dict, data: dict, t_values: list[int], images: list[str], explor
         f"{meta['load']:.2f} at the start of the sweep (the machine is shared: timings vary from run to run, "
         "compare ratios measured in one run). Every time on this page is the **median of interleaved rounds** "
         "(every case once per round, after a warm-up call), as in chapter 8. Regenerate this page, its plots and "
-        "`bench/results/efficient.json` with one command, `.venv/bin/python bench/report.py` (add `--quick` for "
-        "smaller sizes)."
+        "`bench/results/efficient.json`, `flash.json`, `mha.json` and `latent.json` with one command, "
+        "`.venv/bin/python bench/report.py` (add `--quick` for smaller sizes)."
     )
     L.append("")
     if max(meta["load"] or 0, meta["load_end"] or 0) > meta["cpus"]:
@@ -135,21 +163,28 @@ def render(eff: dict, data: dict, t_values: list[int], images: list[str], explor
             "crossovers carry this noise, and the anomalies listed under the time table are its visible part."
         )
         L.append("")
-    goals = [r["pass"] for r in eff["ratios"]]
+    ratios = list(eff["ratios"])  # every goal stated as a ratio: {"ratio", "measured", "goal", "pass"}
     if flash:
-        goals += [r["pass"] for r in flash["ratios"]]
+        ratios += [{**r, "ratio": f"{r['shape']}: {r['ratio']}"} for r in flash["ratios"]]
+    if mha:
+        ratios += mha["ratios"]
+    if latent:
+        ratios += latent["goals"]
+    goals = [r["pass"] for r in ratios]
+    missed = [f"{r['ratio']} ({r['measured']:.3f}, goal {r['goal']})" for r in ratios if not r["pass"]]
     if explorers:
         goals += [r["meets_goal"] for r in explorers["results"].values()]
+        missed += [f"{name}: median update {r['median_update_ms']:.1f} ms (goal < {explorers['goal_ms']:.0f} ms)"
+                   for name, r in explorers["results"].items() if not r["meets_goal"]]
     if tasks:
-        goals += [r["status"] == "PASS" for r in tasks["results"] if r.get("status") in ("PASS", "MISS")]
+        graded = [r for r in tasks["results"] if r.get("status") in ("PASS", "MISS")]
+        goals += [r["status"] == "PASS" for r in graded]
+        missed += [f"{r.get('task', '?')}: accuracy {r.get('accuracy', 0):.4f} (goal {r.get('goal_accuracy')})"
+                   for r in graded if r["status"] == "MISS"]
     L.append(f"**{sum(goals)} of {len(goals)} goals met.**")
     L.append("")
-    missed = [r for r in eff["ratios"] if not r["pass"]]
-    if flash:
-        missed += [r for r in flash["ratios"] if not r["pass"]]
     if missed:
-        L.append("Missed: " + "; ".join(f"{r['ratio']} ({r['measured']:.3f}, goal {r['goal']})" for r in missed)
-                 + ". See the notes under the tables.")
+        L.append("Missed: " + "; ".join(missed) + ". See the notes under the tables.")
         L.append("")
 
     c = eff["config"]
@@ -262,6 +297,59 @@ def render(eff: dict, data: dict, t_values: list[int], images: list[str], explor
         ])
     L += _table(["variant", "time below naive", "time below PyTorch SDPA", "memory below naive"], rows)
 
+    if mha:
+        m = mha["config"]
+        L += ["## Multi-head attention against PyTorch", ""]
+        L.append(
+            f"From `bench/results/mha.json`, **a separate run** of `bench/bench_mha.py`{' --quick' if m.get('quick') else ''} "
+            f"(on {m.get('date', '?')}, {_load_note(m, 'load_average_start')}): `attnbook.MultiHeadAttention` "
+            "against `torch.nn.MultiheadAttention` holding the same weights (`MultiHeadAttention.from_torch`), "
+            f"CPU, B={m['B']}, T = S = {m['T']}, E={m['E']}, {m['H']} heads, {m['dtype']}, {m['mask']} mask, eval "
+            f"mode, `torch.no_grad()`, {m['threads']} thread(s), median of {m['rounds']} interleaved rounds; the two "
+            f"modules' outputs and weights agree to {mha['max_abs_difference']:.1e}. The weights path "
+            "(`need_weights=True`) returns the per-head weights (B, H, T, S) (PyTorch: `average_attn_weights=False`); "
+            "on the fast path (`need_weights=False`) attnbook calls `F.scaled_dot_product_attention`."
+        )
+        L.append("")
+        L += _table(
+            ["path", "ratio", "measured", "goal", "result", "times (PyTorch vs attnbook)"],
+            [[*r["ratio"].split(": ", 1), f"{r['measured']:.3f}", r["goal"], _pass(r["pass"]), r["note"]]
+             for r in mha["ratios"]],
+        )
+
+    if latent:
+        lc = latent["config"]
+        layer = lc["layer"]
+        el = latent["cache_elements_per_token"]
+        L += ["## Multi-head latent attention: absorbed against naive decoding", ""]
+        L.append(
+            f"From `bench/results/latent.json`, **a separate run** of `bench/bench_latent.py`"
+            f"{' --quick' if lc.get('quick') else ''} (on {lc.get('date', '?')}, {_load_note(lc, 'load_average')}): "
+            "one decoding step (`attnbook.latent.MultiHeadLatentAttention`, one new token, B=1) over a "
+            f"preallocated `LatentKVCache` holding S tokens, in a layer with DeepSeek-V2-Lite's attention sizes "
+            f"(E={layer['d_model']}, {layer['num_heads']} heads, latent Dc={layer['kv_lora_rank']}, per head "
+            f"Dn={layer['qk_nope_head_dim']}, Dr={layer['qk_rope_head_dim']}, Dv={layer['v_head_dim']}), CPU, "
+            f"{lc['dtype']}, {lc['threads']} thread(s), median of {lc['rounds']} interleaved rounds. \"naive\" "
+            "re-expands the whole cache through `kv_b_proj` into per-head keys and values at every step "
+            "(S · Dc · H · (Dn + Dv) multiply-adds); \"absorbed\" folds W_UK into the query and W_UV into the "
+            "output and attends over the cached rows themselves (about S · H · (2 Dc + Dr)). The cache holds "
+            f"{el['mla']} numbers per token and layer, against {el['mha_expanded']} for this layer's expanded keys "
+            "and values."
+        )
+        L.append("")
+        s_values = [str(S) for S in lc["S"]]
+        L += _table(
+            ["S", "naive (ms)", "absorbed (ms)", "time(naive) / time(absorbed)", "largest difference of the outputs"],
+            [[S, _fmt_ms(latent["median_seconds"]["naive"][S]), _fmt_ms(latent["median_seconds"]["absorbed"][S]),
+              f"{latent['ratio_naive_over_absorbed'][S]:.1f}", f"{latent['max_abs_diff'][S]:.1e}"]
+             for S in s_values],
+        )
+        L += ["The goals, from the same run:", ""]
+        L += _table(
+            ["goal", "measured", "target", "result"],
+            [[r["ratio"], f"{r['measured']:.2f}", r["goal"], _pass(r["pass"])] for r in latent["goals"]],
+        )
+
     L += ["## Explorers: one update", ""]
     if explorers:
         L.append(
@@ -309,22 +397,44 @@ def _from_json(eff: dict) -> dict:
             "rss": ints(eff["peak_memory_growth_bytes"])}
 
 
+def _load(name: str) -> dict | None:
+    """``bench/results/<name>.json``, or None when that script has not been run."""
+    path = common.results_path(name)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _run_separate(name: str, run: Callable[[list[str] | None], int], argv: list[str]) -> int:
+    """Run ``bench_<name>.py``'s ``main``; 0 when it wrote ``bench/results/<name>.json``. Some scripts exit
+    with 1 when a goal is missed, after writing their results: the page lists the miss, the report goes on.
+    Any other failure (no results written) stops the report with that exit status."""
+    path = common.results_path(name)
+    before = path.stat().st_mtime_ns if path.exists() else None
+    rc = run(argv)
+    if rc and (not path.exists() or path.stat().st_mtime_ns == before):
+        print(f"bench_{name}.py failed (exit status {rc}) without writing {common.shown(path)}")
+        return rc
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="T = 256 .. 2048 and fewer rounds (a smoke test)")
     common.add_threads_option(ap)
-    ap.add_argument("--reuse-flash", action="store_true",
-                    help="keep bench/results/flash.json instead of rerunning bench_flash.py")
+    ap.add_argument("--reuse", "--reuse-flash", dest="reuse", action="store_true",
+                    help="keep bench/results/flash.json, mha.json and latent.json instead of rerunning "
+                         "bench_flash.py, bench_mha.py and bench_latent.py")
     ap.add_argument("--render-only", action="store_true",
                     help="measure nothing: rewrite the page and plots from bench/results/*.json")
     args = ap.parse_args(argv)
 
-    if not (args.reuse_flash or args.render_only):
-        print("1/3 bench_flash.py goals", flush=True)
-        rc = bf.main((["--quick"] if args.quick else []) + ["--threads", str(args.threads)])
-        if rc:
-            return rc
-    flash = json.loads((RESULTS / "flash.json").read_text()) if (RESULTS / "flash.json").exists() else None
+    steps = len(SEPARATE) + 2
+    if not (args.reuse or args.render_only):
+        for i, (name, script_main) in enumerate(SEPARATE.items(), 1):
+            print(f"{i}/{steps} bench_{name}.py goals", flush=True)
+            rc = _run_separate(name, script_main, (["--quick"] if args.quick else []) + ["--threads", str(args.threads)])
+            if rc:
+                return rc
+    flash, mha, latent = (_load(name) for name in SEPARATE)
 
     torch = common.setup(args.threads)
     from attnbook.measure import cpu_model
@@ -336,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         t_values = [256, 512, 1024, 2048] if args.quick else [512, 1024, 2048, 4096, 8192]
         slope_t = be.T_VALUES_QUICK if args.quick else be.T_VALUES
         repeats = 5 if args.quick else 15
-        print(f"2/3 sweep over T = {t_values}, {repeats} rounds", flush=True)
+        print(f"{steps - 1}/{steps} sweep over T = {t_values}, {repeats} rounds", flush=True)
         load_start = common.load_average()
         data = be.measure(t_values, repeats, args.threads)
         run = be.config(torch, t_values, repeats, args.quick, args.threads, load_start)
@@ -347,15 +457,14 @@ def main(argv: list[str] | None = None) -> int:
     t_values = eff["config"]["T_values"]
     images = plot(data, t_values)
 
-    print("3/3 page", flush=True)
-    explorers = json.loads((RESULTS / "explorers.json").read_text()) if (RESULTS / "explorers.json").exists() else None
-    tasks = json.loads((RESULTS / "tasks.json").read_text()) if (RESULTS / "tasks.json").exists() else None
+    print(f"{steps}/{steps} page", flush=True)
+    explorers, tasks = _load("explorers"), _load("tasks")
     c = eff["config"]
     meta = {
         "date": c["date"], "cpus": c["cpus"], "cpu": cpu_model(), "torch": c["torch"], "python": c["python"],
         "threads": c["threads"], "load": c["load_average_start"], "load_end": c["load_average_end"],
     }
-    PAGE.write_text(render(eff, data, t_values, images, explorers, tasks, meta, flash), encoding="utf-8")
+    PAGE.write_text(render(eff, data, t_values, images, explorers, tasks, meta, flash, mha, latent), encoding="utf-8")
     print(f"wrote {PAGE.relative_to(ROOT)} and {', '.join(images)}")
     return 0
 

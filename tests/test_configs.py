@@ -7,14 +7,15 @@ import dataclasses
 import pytest
 import torch
 
+import attnbook
 from attnbook import kvcache
 from attnbook.configs import (
     CONFIGS,
     DEEPSEEK_V3,
     GEMMA_3_27B,
     GPT_OSS_120B,
-    KIND_LABELS,
-    KINDS,
+    LAYER_KIND_LABELS,
+    LAYER_KINDS,
     LLAMA_3_8B,
     MISTRAL_7B,
     QWEN3_NEXT_80B,
@@ -45,7 +46,7 @@ def test_the_six_configs_and_their_sources():
         assert get_config(key) is cfg and get_config(cfg) is cfg
         assert cfg.source == f"https://huggingface.co/{cfg.repo}/blob/main/config.json"
         assert len(cfg.verified) > 80  # every config says how its numbers were checked
-        assert set(cfg.layer_types) <= set(KINDS)
+        assert set(cfg.layer_types) <= set(LAYER_KINDS)
     assert MISTRAL_7B.sliding_window == 4096 and GPT_OSS_120B.sliding_window == 128
     assert GEMMA_3_27B.sliding_window == 1024
     assert (DEEPSEEK_V3.kv_lora_rank, DEEPSEEK_V3.qk_rope_head_dim) == (512, 64)
@@ -73,7 +74,7 @@ def test_llama_3_8b_is_128_kib_per_token_and_1_gib_at_8k():
     assert total(kv_cache_by_layer("llama-3-8b", 1)) == 32 * 8 * 128 * 2 * 2 == 128 * KiB
     (row,) = kv_cache_by_layer("llama-3-8b", 8192)
     assert row == CacheRow("full", 32, 8192, GiB)
-    assert row.label == KIND_LABELS["full"] == "global (full attention)"
+    assert row.label == LAYER_KIND_LABELS["full"] == "global (full attention)"
     assert total(kv_cache_by_layer("llama-3-8b", 8192, batch=4)) == 4 * GiB
     assert total(kv_cache_by_layer("llama-3-8b", 8192, dtype_bytes=1)) == GiB // 2  # an fp8 cache
     assert total(kv_cache_by_layer("llama-3-8b", 8192, dtype_bytes=4)) == 2 * GiB
@@ -85,7 +86,7 @@ def test_full_attention_is_kvcache_formula(S):
     assert total(kv_cache_by_layer("llama-3-8b", S, batch=3)) == kvcache.kv_cache_bytes(
         8, S, batch=3, num_layers=32, head_dim=128, dtype=torch.bfloat16)
     full = by_kind(kv_cache_by_layer("gemma-3-27b", S))["full"]
-    assert full.bytes == S * kvcache.kv_cache_bytes_per_token(10, 16, 128, torch.bfloat16)
+    assert full.bytes == S * attnbook.kv_cache_bytes_per_token(10, 16, 128, torch.bfloat16)
 
 
 def test_sliding_layers_cap_at_the_window():

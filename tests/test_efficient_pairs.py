@@ -241,7 +241,7 @@ def test_measure_costs_runs_on_inputs_of_the_sizes_given():
     assert base["largest_bytes"] == 1 * 2 * T * T * 4  # the defaults: B = 1, H = 2
     more = measure_costs(["exact"], [T], rounds=1, batch_size=3, num_heads=4, head_dim=16)["exact", T, None]
     assert more["largest_bytes"] == 3 * 4 * T * T * 4
-    assert more["peak_bytes"] == 6 * base["peak_bytes"]
+    assert 5 * base["peak_bytes"] < more["peak_bytes"] <= 6 * base["peak_bytes"]  # the (B, H, T, T) tensors dominate
     no_memory = measure_costs(["exact"], [T], rounds=1, memory=False)["exact", T, None]
     assert set(no_memory) == {"time_s"}
     with pytest.raises(TypeError, match="unexpected keyword argument 'H'"):

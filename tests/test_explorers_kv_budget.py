@@ -10,8 +10,9 @@ import pytest
 import torch
 from matplotlib.text import Text
 
-from attnbook.configs import CONFIGS, KINDS, format_bytes, kv_cache_by_layer
+from attnbook.configs import CONFIGS, LAYER_KINDS, format_bytes, kv_cache_by_layer
 from attnbook.explorers import kv_budget as kb
+from attnbook.explorers import kv_budget_explorer
 from attnbook.explorers.base import figure_png
 from tests.pixels import assert_blit_matches_full_render, assert_shows_something, assert_texts_fit
 
@@ -21,20 +22,20 @@ MODELS = list(CONFIGS)
 
 @pytest.fixture(scope="module")
 def explorer():
-    return kb.kv_budget_explorer()
+    return kv_budget_explorer()
 
 
 def _bars(explorer):
     """The bar segments, keyed (model, kind), and the highlight: the patches of the bars' axes in build's order."""
     a1 = explorer.figure.axes[0]
     patches = a1.patches
-    assert len(patches) == len(MODELS) * len(KINDS) + 1
-    segments = {(m, k): patches[i * len(KINDS) + j] for i, m in enumerate(MODELS) for j, k in enumerate(KINDS)}
+    assert len(patches) == len(MODELS) * len(LAYER_KINDS) + 1
+    segments = {(m, k): patches[i * len(LAYER_KINDS) + j] for i, m in enumerate(MODELS) for j, k in enumerate(LAYER_KINDS)}
     return segments, patches[-1]
 
 
 def test_controls():
-    ex = kb.kv_budget_explorer()
+    ex = kv_budget_explorer()
     assert ex.control("model").values == MODELS and ex.control("model").kind == "dropdown"
     assert ex.control("context_len").values == [1024 * 2**i for i in range(8)]  # 1K .. 128K, powers of two
     assert ex.control("model").fmt("qwen3-next-80b-a3b") == "Qwen3-Next-80B-A3B"
@@ -53,7 +54,7 @@ def test_numbers_shown_are_kv_cache_by_layer(explorer, model, S):
         rows = {r.kind: r.bytes for r in kv_cache_by_layer(m, S)}
         assert d["rows"][m] == kv_cache_by_layer(m, S)
         left = 0.0
-        for k in KINDS:
+        for k in LAYER_KINDS:
             rect = segments[(m, k)]
             np.testing.assert_allclose([rect.get_x(), rect.get_width()], [left, rows.get(k, 0) / GIB], rtol=1e-12)
             left += rows.get(k, 0) / GIB
@@ -127,7 +128,7 @@ def test_one_figure_for_every_value(explorer):
 
 
 def test_static_html_is_a_scrubber():
-    ex = kb.kv_budget_explorer(static_contexts=(1024, 131072))
+    ex = kv_budget_explorer(static_contexts=(1024, 131072))
     html = ex.static_html()
     assert html.count('class="ab-frame"') == len(MODELS) * 2
     assert html.count('class="ab-range"') == 2  # the model and S both move
@@ -141,7 +142,7 @@ def test_static_html_is_a_scrubber():
 def test_frames_hand_matplotlib_no_tensors(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.Tensor, "__array__", lambda self, *a, **k: calls.append(1) or self.numpy())
-    ex = kb.kv_budget_explorer(static_models=("gpt-oss-120b",), static_contexts=(4096,))
+    ex = kv_budget_explorer(static_models=("gpt-oss-120b",), static_contexts=(4096,))
     assert len(list(ex.frames())) == 1 and not calls
 
 
@@ -150,17 +151,17 @@ def test_live_widget_follows_the_controls(explorer):
     widgets["model"].value = "deepseek-v3"
     widgets["context_len"].value = 8192
     assert explorer.data["name"] == "DeepSeek-V3" and explorer.data["context_len"] == 8192
-    assert_shows_something(explorer._image_w.value)
-    assert "549 MiB" in explorer._caption_w.value
+    assert_shows_something(explorer.image_widget.value)
+    assert "549 MiB" in explorer.caption_widget.value
 
 
 def test_errors():
     with pytest.raises(ValueError, match="contexts must be an int >= 1, got 0"):
-        kb.kv_budget_explorer(contexts=(0, 1024))
+        kv_budget_explorer(contexts=(0, 1024))
     with pytest.raises(ValueError, match=r"static_models must be names of .*got \['llama'\]"):
-        kb.kv_budget_explorer(static_models=("llama",))
+        kv_budget_explorer(static_models=("llama",))
     with pytest.raises(ValueError, match="static_contexts must be among contexts"):
-        kb.kv_budget_explorer(static_contexts=(1000,))
-    ex = kb.kv_budget_explorer(static_contexts=(1024,))
+        kv_budget_explorer(static_contexts=(1000,))
+    ex = kv_budget_explorer(static_contexts=(1024,))
     with pytest.raises(ValueError, match="context length S=1000 is not one of"):
         ex.update(context_len=1000)

@@ -9,16 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnbook.kvcache import KVCache, kv_cache_bytes_per_token
+from attnbook import KVCache, causal_mask, kv_cache_bytes_per_token
 from attnbook.latent import (
-    DEEPSEEK_V3,
+    DEEPSEEK_V3_MLA,
     LatentKVCache,
     MultiHeadLatentAttention,
     absorb_through_rotated_key,
     mla_cache_bytes_per_token,
     mla_cache_elements_per_token,
 )
-from attnbook.masks import causal_mask
 from attnbook.measure import tracked_memory
 
 E, H, DC, DN, DR, DV = 64, 4, 24, 16, 8, 12  # Dc, Dn, Dv and Dc + Dr != Dn + Dr all differ: a mix-up fails
@@ -128,7 +127,7 @@ def test_from_hf_refuses_other_modules_and_rope_scaling(deepseek_v3):
 
 def test_deepseek_v3_constants_are_transformers_defaults(deepseek_v3):
     config = deepseek_v3.DeepseekV3Config()
-    for name, value in DEEPSEEK_V3.items():
+    for name, value in DEEPSEEK_V3_MLA.items():
         assert getattr(config, name) == value, name
 
 
@@ -252,7 +251,7 @@ def test_rotated_key_argument_errors():
 
 
 def test_deepseek_v3_cache_accounting_by_hand():
-    elements = mla_cache_elements_per_token(DEEPSEEK_V3)
+    elements = mla_cache_elements_per_token(DEEPSEEK_V3_MLA)
     assert elements == {
         "mla": 512 + 64,  # 576
         "mha": 128 * 128 * 2,  # 32768: 128 heads x (128 key + 128 value)
@@ -260,14 +259,14 @@ def test_deepseek_v3_cache_accounting_by_hand():
         "gqa": 8 * 128 * 2,  # 2048
         "mqa": 128 * 2,  # 256
     }
-    per_layer = mla_cache_bytes_per_token(DEEPSEEK_V3)
+    per_layer = mla_cache_bytes_per_token(DEEPSEEK_V3_MLA)
     assert per_layer["mla"] == 1152 and per_layer["mha"] == 65536
-    model = mla_cache_bytes_per_token(DEEPSEEK_V3, torch.bfloat16, all_layers=True)
+    model = mla_cache_bytes_per_token(DEEPSEEK_V3_MLA, torch.bfloat16, all_layers=True)
     assert model["mla"] == 576 * 2 * 61 == 70272
     assert model["mha"] == kv_cache_bytes_per_token(61, 128, 128, torch.bfloat16) == 3997696
     assert model["gqa"] == kv_cache_bytes_per_token(61, 8, 128, torch.bfloat16)
-    assert mla_cache_bytes_per_token(DEEPSEEK_V3, torch.float32)["mla"] == 2304
-    assert mla_cache_elements_per_token(DEEPSEEK_V3, gqa_groups=4)["gqa"] == 1024
+    assert mla_cache_bytes_per_token(DEEPSEEK_V3_MLA, torch.float32)["mla"] == 2304
+    assert mla_cache_elements_per_token(DEEPSEEK_V3_MLA, gqa_groups=4)["gqa"] == 1024
 
 
 def test_accounting_matches_a_layers_cache():
@@ -281,15 +280,15 @@ def test_accounting_matches_a_layers_cache():
 
 def test_accounting_errors():
     with pytest.raises(ValueError, match=r"config is missing \['kv_lora_rank'\]"):
-        mla_cache_elements_per_token({k: v for k, v in DEEPSEEK_V3.items() if k != "kv_lora_rank"})
+        mla_cache_elements_per_token({k: v for k, v in DEEPSEEK_V3_MLA.items() if k != "kv_lora_rank"})
     with pytest.raises(TypeError, match="config must be a mapping"):
         mla_cache_elements_per_token([1, 2])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"gqa_groups must be an int in \[1, 128\], got 256"):
-        mla_cache_elements_per_token(DEEPSEEK_V3, gqa_groups=256)
+        mla_cache_elements_per_token(DEEPSEEK_V3_MLA, gqa_groups=256)
     with pytest.raises(TypeError, match="config\\['v_head_dim'\\] must be an int"):
-        mla_cache_elements_per_token({**DEEPSEEK_V3, "v_head_dim": 128.0})
+        mla_cache_elements_per_token({**DEEPSEEK_V3_MLA, "v_head_dim": 128.0})
     with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
-        mla_cache_bytes_per_token(DEEPSEEK_V3, "bf16")  # type: ignore[arg-type]
+        mla_cache_bytes_per_token(DEEPSEEK_V3_MLA, "bf16")  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- argument checks

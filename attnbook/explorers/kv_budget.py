@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from .._checks import check_int
-from ..configs import CONFIGS, KIND_LABELS, KINDS, CacheRow, format_bytes, kv_cache_by_layer
+from ..configs import CONFIGS, LAYER_KIND_LABELS, LAYER_KINDS, CacheRow, format_bytes, kv_cache_by_layer
 from .base import Control, Explorer
 
 __all__ = ["CONTEXTS", "KIND_COLORS", "kv_budget_explorer"]
@@ -89,7 +89,7 @@ def kv_budget_explorer(*, contexts: Sequence[int] = CONTEXTS,
         ys = {m: n - 1 - i for i, m in enumerate(_MODELS)}  # the menu's order, top to bottom
         # one bar segment per model and kind, all redrawn (a kind a model lacks stays 0 wide)
         segments = {(m, k): a1.barh(ys[m], 0.0, height=0.62, color=KIND_COLORS[k], linewidth=0)[0]
-                    for m in _MODELS for k in KINDS}
+                    for m in _MODELS for k in LAYER_KINDS}
         ends = {m: a1.text(0.0, ys[m], " ", va="center", fontsize=9) for m in _MODELS}
         a1.set_ylim(-0.6, n - 0.4)
         names = [f"{CONFIGS[m].name}\n{_k(CONFIGS[m].max_position_embeddings)} positions" for m in _MODELS]
@@ -122,7 +122,7 @@ def kv_budget_explorer(*, contexts: Sequence[int] = CONTEXTS,
         (line,) = a2.plot([], [], color="black", lw=2.2)
         (marker,) = a2.plot([], [], "o", color="tab:red", ms=7)
         t2 = a2.set_title(" ", fontsize=10)
-        handles = [Patch(color=KIND_COLORS[k], label=KIND_LABELS[k]) for k in KINDS]
+        handles = [Patch(color=KIND_COLORS[k], label=LAYER_KIND_LABELS[k]) for k in LAYER_KINDS]
         handles.append(Patch(facecolor="0.6", edgecolor="white", hatch="///", label="S > max_position_embeddings"))
         fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.01, 0.935), ncol=3, fontsize=9,
                    frameon=False, handlelength=1.6, columnspacing=1.2)
@@ -144,7 +144,7 @@ def kv_budget_explorer(*, contexts: Sequence[int] = CONTEXTS,
         for m in _MODELS:
             left, past = 0.0, d["beyond"][m]
             sizes = {r.kind: r.bytes / _GIB for r in d["rows"][m]}
-            for k in KINDS:
+            for k in LAYER_KINDS:
                 rect = art["by_key"][(m, k)]
                 rect.set_x(left)
                 rect.set_width(sizes.get(k, 0.0))
