@@ -32,7 +32,7 @@ below, or a subpackage's ``__init__`` for the names it lists):
   ``explorers`` (the interactive explorers, interface only: ``explorers.base``,
   the machinery, and one module per family holding its ``<family>_explorer()``
   factory and the choices it offers: ``saturation``, ``heads``, ``masks``,
-  ``positions``, ``trained_heads``, ``efficient``, ``gqa``, ``minilm``,
+  ``positions``, ``trained_heads``, ``variants``, ``kv_heads``, ``minilm``,
   ``vit``, ``kv_budget``);
 * checking anyone's attention: ``testing`` (``testing.check_attention``, an
   invariant battery for any attention function or module);

@@ -1,7 +1,7 @@
 """attnbook.efficient's registry of variants: the (query, key) pairs each one declares (its ``Pattern``) against
 the masks and against what the attention code really weights, the pictures and shares computed without the
 (T, T) pattern against pooling and summing it, the inputs the variants are compared on, and their measured
-costs. (The explorer that shows them is tested in test_explorers_efficient.py.)
+costs. (The explorer that shows them is tested in test_explorers_variants.py.)
 
 Dimension legend: B batch, H heads, T sequence length, D head dim, P side of a picture.
 """

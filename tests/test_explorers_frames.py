@@ -17,16 +17,16 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg as FigureCanvas
 
 from attnbook.explorers import (
-    efficient_explorer,
-    gqa_explorer,
     heads_explorer,
+    kv_heads_explorer,
     masks_explorer,
     positions_explorer,
     saturation_explorer,
     trained_heads_explorer,
+    variants_explorer,
 )
 from attnbook.explorers.base import Explorer
-from attnbook.explorers.gqa import HEADS, SEQ_LENS
+from attnbook.explorers.kv_heads import HEADS, SEQ_LENS
 from attnbook.tasks import addition_task, copy_task, reverse_task
 from tests.helpers import fake_decode_timings, fake_efficient_costs, tiny_seq2seq
 from tests.pixels import assert_texts_fit
@@ -47,8 +47,8 @@ EXPLORERS = {  # as chapters 2, 3, 4, 5, 7, 8 and 9 build them
     "masks": masks_explorer,
     "positions": positions_explorer,
     "trained_heads": _trained_heads,
-    "efficient": lambda: efficient_explorer(fake_efficient_costs((256, 1024, 4096), 64)),
-    "gqa": lambda: gqa_explorer(fake_decode_timings(HEADS, SEQ_LENS), static_num_heads=(8, 32),
+    "variants": lambda: variants_explorer(fake_efficient_costs((256, 1024, 4096), 64)),
+    "kv_heads": lambda: kv_heads_explorer(fake_decode_timings(HEADS, SEQ_LENS), static_num_heads=(8, 32),
                                 static_seq_len=(4096, 32768)),
 }
 

@@ -200,15 +200,21 @@ def measuring_on_the_device(dev):
 
 @check
 def explorers_on_the_device(dev):
-    from attnbook.explorers import gqa_explorer, heads_explorer, masks_explorer, positions_explorer, saturation_explorer
+    from attnbook.explorers import (
+        heads_explorer,
+        kv_heads_explorer,
+        masks_explorer,
+        positions_explorer,
+        saturation_explorer,
+    )
     from attnbook.explorers.masks import MASK_KINDS
     from attnbook.explorers.positions import POSITION_KINDS
 
-    ex = gqa_explorer(seq_len_options=(1024, 4096), static_num_heads=(8,), static_seq_len=(1024,), rounds=2)
-    assert dev in ex.control("device").values, f"gqa_explorer: device {dev} not offered"
+    ex = kv_heads_explorer(seq_len_options=(1024, 4096), static_num_heads=(8,), static_seq_len=(1024,), rounds=2)
+    assert dev in ex.control("device").values, f"kv_heads_explorer: device {dev} not offered"
     d = ex.update(num_heads=8, seq_len=4096, device=dev)
     assert all(t > 0 for t in d["time_s"]), d["time_s"]
-    print(f"    gqa_explorer: one decoding step on {dev}, " + ", ".join(f"{t * 1e3:.3f}" for t in d["time_s"]) + " ms")
+    print(f"    kv_heads_explorer: one decoding step on {dev}, " + ", ".join(f"{t * 1e3:.3f}" for t in d["time_s"]) + " ms")
     for factory, control, values in ((saturation_explorer, "d_k", [1, 64, 1024]),
                                      (heads_explorer, "num_heads", [1, 4, 32]),
                                      (masks_explorer, "kind", MASK_KINDS[:3]),

@@ -6,8 +6,8 @@
 * ``positions.positions_explorer()``: encoding, d_model, offset -> how positions relate (chapter 5);
 * ``trained_heads.trained_heads_explorer(models, examples)``: task, input, block, layer -> a trained toy
   model's heads (chapter 7);
-* ``efficient.efficient_explorer()``: variant, T, window -> pairs scored, time, memory (chapter 8);
-* ``gqa.gqa_explorer()``: query and key/value heads, context -> KV cache and decoding time (chapter 9);
+* ``variants.variants_explorer()``: variant, T, window -> pairs scored, time, memory (chapter 8);
+* ``kv_heads.kv_heads_explorer()``: query and key/value heads, context -> KV cache and decoding time (chapter 9);
 * ``minilm.minilm_explorer(model, tokenizer)``: layer, head, sentence -> all-MiniLM-L6-v2's heads (chapter 10);
 * ``kv_budget.kv_budget_explorer()``: a published model's config and a context length -> its KV cache per
   sequence, split by kind of layer (chapter 12);
@@ -36,15 +36,15 @@ __all__ = [
     "masks_explorer",
     "positions_explorer",
     "trained_heads_explorer",
-    "efficient_explorer",
-    "gqa_explorer",
+    "variants_explorer",
+    "kv_heads_explorer",
     "minilm_explorer",
     "vit_explorer",
     "kv_budget_explorer",
     "FACTORIES",
 ]
 
-_FAMILIES = ("saturation", "heads", "masks", "positions", "trained_heads", "efficient", "gqa", "minilm", "vit",
+_FAMILIES = ("saturation", "heads", "masks", "positions", "trained_heads", "variants", "kv_heads", "minilm", "vit",
              "kv_budget")
 FACTORIES = {f"{family}_explorer": family for family in _FAMILIES}
 """Each factory's name -> the module of its family (``attnbook.explorers.<family>``)."""

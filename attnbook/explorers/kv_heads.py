@@ -33,7 +33,7 @@ from ..mha import valid_kv_heads
 from ..plotting import log_bars
 from .base import Control, Explorer, device_control
 
-__all__ = ["MODEL", "HEADS", "KV_CHOICES", "KV_HEADS", "SEQ_LENS", "gqa_explorer"]
+__all__ = ["MODEL", "HEADS", "KV_CHOICES", "KV_HEADS", "SEQ_LENS", "kv_heads_explorer"]
 
 MODEL = MODEL_7B
 HEADS = (8, 16, 32)
@@ -75,7 +75,7 @@ def _kv_label(choice: str, hkv: int) -> str:
     return f"{choice.split(' ')[0]}: {hkv} KV head{'s' if hkv > 1 else ''}"
 
 
-def gqa_explorer(
+def kv_heads_explorer(
     measured: dict | None = None,
     *,
     num_heads_options: Sequence[int] = HEADS,

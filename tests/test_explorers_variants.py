@@ -1,4 +1,4 @@
-"""attnbook.explorers.efficient (chapter 8's explorer) without a browser: the choices it offers, its data
+"""attnbook.explorers.variants (chapter 8's explorer) without a browser: the choices it offers, its data
 (the variant's declared pairs and measured costs), figure, static frames and live widget. The pairs, the
 pictures and the costs themselves are attnbook.efficient's, tested in test_efficient_pairs.py.
 
@@ -14,10 +14,10 @@ from matplotlib.text import Text
 
 from attnbook import sliding_window_mask
 from attnbook.efficient import REGISTRY, attention_call, cost_key, make_inputs, pair_picture, pair_share
-from attnbook.explorers import efficient as ee
-from attnbook.explorers import efficient_explorer
+from attnbook.explorers import variants as ee
+from attnbook.explorers import variants_explorer
 from attnbook.explorers.base import figure_png
-from attnbook.explorers.efficient import T_VALUES, VARIANTS, WINDOWS
+from attnbook.explorers.variants import T_VALUES, VARIANTS, WINDOWS
 from tests.helpers import fake_efficient_costs
 from tests.pixels import assert_blit_matches_full_render, assert_shows_something
 
@@ -26,12 +26,12 @@ SMALL = dict(t_values=(64, 128, 256), windows=(8, 16), static_t=(64, 256), stati
 
 @pytest.fixture(scope="module")
 def explorer():
-    return efficient_explorer(**SMALL)
+    return variants_explorer(**SMALL)
 
 
 def test_the_choices_are_the_registrys_variants_and_the_constants():
     assert VARIANTS == tuple(name for name in REGISTRY if name != "pytorch")  # PyTorch's kernel is a reference
-    ex = efficient_explorer(fake_efficient_costs((256, 1024, 4096), 64))  # as chapter 8 builds it: no measuring
+    ex = variants_explorer(fake_efficient_costs((256, 1024, 4096), 64))  # as chapter 8 builds it: no measuring
     assert ex.control("variant").values == list(VARIANTS)
     assert ex.control("T").values == list(T_VALUES) and ex.control("window").values == list(WINDOWS)
     assert ex.values == {"variant": "sliding window", "T": 1024, "window": 64}
@@ -104,7 +104,7 @@ def test_explorer_uses_given_measurements_without_measuring(monkeypatch):
         raise AssertionError("measured although the numbers were given")
 
     monkeypatch.setattr(ee, "measure_costs", refuse)
-    ex = efficient_explorer(measured, **SMALL)
+    ex = variants_explorer(measured, **SMALL)
     html = ex.static_html()
     assert html.count('class="ab-frame"') == len(VARIANTS) * 2  # one per static (variant, T)
     d = ex.update(variant="LSH", T=256, window=16)
@@ -119,7 +119,7 @@ def test_explorer_uses_given_measurements_without_measuring(monkeypatch):
     (dict(variant="flash", T=64, window=16), dict(variant="block sparse", T=64, window=16)),
 ])
 def test_fast_frame_is_the_full_render(first, second):
-    ex = efficient_explorer(fake_efficient_costs((64, 256), 16), **SMALL)
+    ex = variants_explorer(fake_efficient_costs((64, 256), 16), **SMALL)
     assert_blit_matches_full_render(ex, first, second)
 
 

@@ -45,7 +45,7 @@ from ..efficient import NUM_FEATURES, REGISTRY, cost_key, measure_costs, pair_pi
 from ..plotting import log_bars
 from .base import Control, Explorer
 
-__all__ = ["VARIANTS", "T_VALUES", "WINDOWS", "efficient_explorer"]
+__all__ = ["VARIANTS", "T_VALUES", "WINDOWS", "variants_explorer"]
 
 VARIANTS = tuple(name for name in REGISTRY if name != "pytorch")  # what the explorer offers
 T_VALUES = (256, 512, 1024, 2048, 4096)
@@ -70,7 +70,7 @@ def _fmt(x: float) -> str:
     return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
 
-def efficient_explorer(
+def variants_explorer(
     measured: dict | None = None,
     *,
     t_values: Sequence[int] = T_VALUES,

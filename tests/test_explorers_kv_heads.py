@@ -1,4 +1,4 @@
-"""attnbook.explorers.gqa (chapter 9's explorer) without a browser: the key/value head choices it offers, and
+"""attnbook.explorers.kv_heads (chapter 9's explorer) without a browser: the key/value head choices it offers, and
 its data (against known cache sizes of real models), figure, frames and live widget. The cache formula and
 the timed decoding step (decode_inputs, measure_decode) are tested in test_kvcache.py, valid_kv_heads in
 test_mha_valid_kv_heads.py, grouped decoding attention in test_mha.py."""
@@ -6,10 +6,10 @@ test_mha_valid_kv_heads.py, grouped decoding attention in test_mha.py."""
 import numpy as np
 import pytest
 
-from attnbook.explorers import gqa as gq
-from attnbook.explorers import gqa_explorer
+from attnbook.explorers import kv_heads as gq
+from attnbook.explorers import kv_heads_explorer
 from attnbook.explorers.base import figure_png
-from attnbook.explorers.gqa import HEADS, KV_CHOICES, KV_HEADS, MODEL, SEQ_LENS
+from attnbook.explorers.kv_heads import HEADS, KV_CHOICES, KV_HEADS, MODEL, SEQ_LENS
 from attnbook.kvcache import BENCH_DIVISOR, MODEL_7B, decode_key
 from tests.helpers import fake_decode_timings
 from tests.pixels import assert_blit_matches_full_render, assert_shows_something
@@ -19,7 +19,7 @@ SEQ = (64, 128, 256)
 
 @pytest.fixture(scope="module")
 def explorer():
-    return gqa_explorer(fake_decode_timings(HEADS, SEQ), seq_len_options=SEQ, static_num_heads=(8, 32),
+    return kv_heads_explorer(fake_decode_timings(HEADS, SEQ), seq_len_options=SEQ, static_num_heads=(8, 32),
                         static_seq_len=(64, 256))
 
 
@@ -29,7 +29,7 @@ def test_the_choices_it_offers():
     assert set(KV_HEADS) == set(HEADS) and all(len(hkv) == len(KV_CHOICES) for hkv in KV_HEADS.values())
     for H, hkv in KV_HEADS.items():
         assert all(H % h == 0 and 1 <= h <= H for h in hkv)
-    ex = gqa_explorer(fake_decode_timings(HEADS, SEQ_LENS), static_num_heads=(8,), static_seq_len=(4096,))
+    ex = kv_heads_explorer(fake_decode_timings(HEADS, SEQ_LENS), static_num_heads=(8,), static_seq_len=(4096,))
     assert ex.control("num_heads").values == list(HEADS) and ex.control("seq_len").values == list(SEQ_LENS)
     assert ex.control("kv").values == list(KV_CHOICES)
     for H in HEADS:
@@ -39,7 +39,7 @@ def test_the_choices_it_offers():
 def test_every_kv_choice_is_a_valid_divisor_for_any_head_count():
     """Head counts that the fractions do not divide fall back to the largest divisor below H/n."""
     heads = (1, 6, 12, 40)
-    ex = gqa_explorer(fake_decode_timings(heads, SEQ), num_heads_options=heads, seq_len_options=SEQ,
+    ex = kv_heads_explorer(fake_decode_timings(heads, SEQ), num_heads_options=heads, seq_len_options=SEQ,
                       static_num_heads=(6,), static_seq_len=(64,))
     for H in heads:
         for c in KV_CHOICES:
@@ -105,7 +105,7 @@ def test_explorer_measures_missing_combinations_once(monkeypatch):
 
     monkeypatch.setattr(gq, "measure_decode", fake)
     given = {}
-    ex = gqa_explorer(given, seq_len_options=SEQ, static_num_heads=(8,), static_seq_len=(64,))
+    ex = kv_heads_explorer(given, seq_len_options=SEQ, static_num_heads=(8,), static_seq_len=(64,))
     ex.update(kv="MQA (1)")
     ex.update(kv="H/2")
     assert calls == [(8, 64, (8, 4, 2, 1))]  # one measurement for all choices, then reused
@@ -117,7 +117,7 @@ def test_static_frames_need_no_measuring(monkeypatch):
         raise AssertionError("measured although the numbers were given")
 
     monkeypatch.setattr(gq, "measure_decode", refuse)
-    ex = gqa_explorer(fake_decode_timings(HEADS, SEQ), seq_len_options=SEQ, static_num_heads=(8, 32),
+    ex = kv_heads_explorer(fake_decode_timings(HEADS, SEQ), seq_len_options=SEQ, static_num_heads=(8, 32),
                       static_seq_len=(64, 256))
     html = ex.static_html()
     assert html.count('class="ab-frame"') == 2 * len(KV_CHOICES) * 2
