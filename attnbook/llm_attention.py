@@ -64,8 +64,8 @@ def _check_scores(scores: object) -> torch.Tensor:
         raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
     if not scores.dtype.is_floating_point:
         raise TypeError(f"scores must be a floating-point tensor, got {scores.dtype}")
-    if scores.dim() < 2:
-        raise ValueError(f"scores must be (..., T, S), got shape {shape_str(scores)}")
+    if scores.dim() < 1:
+        raise ValueError(f"scores must be (..., S), one row of scores per query, got shape {shape_str(scores)}")
     return scores
 
 
@@ -112,7 +112,7 @@ def softmax_with_sink(
 
 
 def softmax_plus_one(scores: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """``exp(s_j) / (1 + sum_j' exp(s_j'))`` over each row of ``scores`` ``(..., T, S)``: a softmax with an
+    """``exp(s_j) / (1 + sum_j' exp(s_j'))`` over each row of ``scores`` ``(..., S)``: a softmax with an
     implicit extra logit 0 of value zero (Miller 2023, "Attention is off by one"); :func:`softmax_with_sink`
     with every sink logit 0. Same mask convention; a fully blocked row gives zeros."""
     scores = _check_scores(scores)
