@@ -126,10 +126,11 @@ def test_sink_experiment_claims():
 
 @pytest.mark.slow
 def test_logit_growth_experiment_claims():
-    """At lr = 0.1 the largest attention logit passes 10^4 without QK-norm (peaks 2.2e4-4.0e4 measured) and
-    stays under 100 with it (peaks 20-47)."""
+    """At lr = 0.1 the largest attention logit passes 2000 without QK-norm and stays under 100 with it.
+    Measured peaks over seeds 0-5: 2.2e4-4.0e4 for seeds 0-2 here, but 4.4e3 for seed 0 under
+    ATEN_CPU_CAPABILITY=default (high-rate training is chaotic); with QK-norm 17-47."""
     results = logit_growth_experiment(seeds=(0, 1, 2))
     for seed in (0, 1, 2):
         peak_without = max(v for _, v in results[False, seed].max_logit)
         peak_with = max(v for _, v in results[True, seed].max_logit)
-        assert peak_without > 1e4 and peak_with < 100
+        assert peak_without > 2000 and peak_with < 100
