@@ -52,6 +52,7 @@ __all__ = [
     "train_tiny_lm",
     "first_position_share",
     "backcopy_accuracy",
+    "first_value_ratio",
     "max_attention_logit",
     "SinkRun",
     "sink_experiment",
@@ -266,6 +267,21 @@ def first_position_share(model: TinyLM, ids: torch.Tensor, start: int = 4) -> fl
 
 
 @torch.no_grad()
+def first_value_ratio(model: TinyLM, ids: torch.Tensor) -> float:
+    """How long the value vector of position 0 is next to the others': the mean norm of position 0's value
+    over the mean norm of the values at positions ``1 .. T-1``, per layer and key/value head, averaged. Well
+    under 1 when the first token is a no-op sink (weight parked there adds little), above 1 when its value
+    is used as a bias."""
+    model, ids = _check_lm_ids(model, ids)
+    ratios = []
+    for attention, x in zip(model.attentions(), model.attention_inputs(ids)):
+        _, _, v = attention.project(x)  # (B, Hkv, T, D)
+        norms = v.norm(dim=-1)  # (B, Hkv, T)
+        ratios.append(norms[:, :, 0].mean(0) / norms[:, :, 1:].mean((0, 2)))  # (Hkv,)
+    return float(torch.cat(ratios).mean())
+
+
+@torch.no_grad()
 def backcopy_accuracy(model: TinyLM, ids: torch.Tensor, num_triggers: int = 3) -> float:
     """How often ``model`` predicts the token after a trigger right (the one part of the task that needs
     attention), over the triggers at positions ``1 .. T-2`` of ``ids`` ``(B, T)``."""
@@ -312,11 +328,13 @@ class SinkRun:
     Attributes:
         share: :func:`first_position_share` on the held-out sequences.
         accuracy: :func:`backcopy_accuracy` on them (did the model learn the task?).
+        value_ratio: :func:`first_value_ratio` on them (is the first token a no-op?).
         seconds: training time.
     """
 
     share: float
     accuracy: float
+    value_ratio: float
     seconds: float
 
 
@@ -356,7 +374,7 @@ def sink_experiment(
                     nn.init.constant_(attention.sinks, sink_init)
             result = train_tiny_lm(model, steps, lr, T=T, seed=seed)
             runs[variant, seed] = SinkRun(first_position_share(model, test), backcopy_accuracy(model, test),
-                                          result.seconds)
+                                          first_value_ratio(model, test), result.seconds)
     return runs
 
 

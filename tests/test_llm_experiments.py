@@ -15,6 +15,7 @@ from attnbook.llm_experiments import (
     backcopy_accuracy,
     backcopy_batch,
     first_position_share,
+    first_value_ratio,
     logit_growth_experiment,
     max_attention_logit,
     sink_experiment,
@@ -81,6 +82,23 @@ def test_max_attention_logit_is_the_largest_allowed_score():
     assert abs(max_attention_logit(model, ids) - expected) < 1e-5
 
 
+def test_first_value_ratio_is_the_norm_of_the_first_value_over_the_others():
+    torch.manual_seed(0)
+    model = TinyLM(24, num_layers=2)
+    ids = backcopy_batch(5, 9)
+    expected = []
+    with torch.no_grad():
+        for attention, x in zip(model.attentions(), model.attention_inputs(ids)):
+            v = attention.v_proj(x).view(5, 9, 2, 16)  # (B, T, Hkv, D)
+            for h in range(2):
+                expected.append(v[:, 0, h].norm(dim=-1).mean() / v[:, 1:, h].norm(dim=-1).mean())
+    assert abs(first_value_ratio(model, ids) - float(torch.stack(expected).mean())) < 1e-6
+    one_layer = TinyLM(24)
+    with torch.no_grad():
+        one_layer.embed.weight[BOS_ID] = 0.0  # RMSNorm keeps 0 at 0, and v_proj has no bias: a zero value
+    assert first_value_ratio(one_layer, ids) == 0.0
+
+
 def test_backcopy_accuracy_scores_only_the_triggers():
     torch.manual_seed(0)
     model = TinyLM(24)
@@ -113,24 +131,26 @@ def test_experiments_reject_unknown_variants():
 
 @pytest.mark.slow
 def test_sink_experiment_claims():
-    """Plain softmax parks the idle queries on BOS (0.75-0.87 measured; an even spread gives 0.07); a learned
+    """Plain softmax parks the idle queries on BOS (0.75-0.87 measured; an even spread gives 0.07), whose value
+    is a small fraction of the other tokens' (a no-op: ratio 0.06-0.15 measured, bound 0.3); a learned
     sink that starts open takes all of it (0.002 at most); every model learned the task. Softmax plus one and
     the output gate are measured, not bounded: whether they escape the first token differs from seed to seed
     (plus one: 0.05-0.89 over six seeds; the gate: 0.56-0.78)."""
     runs = sink_experiment(seeds=(0, 1, 2))
     for seed in (0, 1, 2):
-        assert runs["softmax", seed].share > 0.35
+        assert runs["softmax", seed].share > 0.35 and runs["softmax", seed].value_ratio < 0.3
         assert runs["sink", seed].share < 0.02
     assert min(run.accuracy for run in runs.values()) > 0.9
 
 
 @pytest.mark.slow
 def test_logit_growth_experiment_claims():
-    """At lr = 0.1 the largest attention logit passes 2000 without QK-norm and stays under 100 with it.
-    Measured peaks over seeds 0-5: 2.2e4-4.0e4 for seeds 0-2 here, but 4.4e3 for seed 0 under
-    ATEN_CPU_CAPABILITY=default (high-rate training is chaotic); with QK-norm 17-47."""
+    """At lr = 0.1 the largest attention logit passes 2000 without QK-norm and stays under 200 with it.
+    Peaks measured over seeds 0-5 in three settings (plain; ATEN_CPU_CAPABILITY=default; OMP_NUM_THREADS=2
+    with MKL_CBWR=COMPATIBLE): 4.4e3-5.6e4 without (high-rate training is chaotic: seed 0 peaks at 2.2e4
+    here and 4.4e3 under ATEN_CPU_CAPABILITY=default), 17-58 with."""
     results = logit_growth_experiment(seeds=(0, 1, 2))
     for seed in (0, 1, 2):
         peak_without = max(v for _, v in results[False, seed].max_logit)
         peak_with = max(v for _, v in results[True, seed].max_logit)
-        assert peak_without > 2000 and peak_with < 100
+        assert peak_without > 2000 and peak_with < 200
