@@ -22,7 +22,10 @@ Experiments:
 
 * :func:`sink_experiment`: for each variant of :data:`SINK_VARIANTS` (plain softmax, a learned sink per
   head, softmax plus one, the sigmoid output gate) and each seed, train and measure
-  :func:`first_position_share`, the share of attention weight on position 0.
+  :func:`first_position_share`, the share of attention weight on position 0, :func:`first_value_ratio`,
+  how long position 0's value is next to the others' (a no-op sink's is short), and
+  :func:`backcopy_accuracy`. The toy has no final RMSNorm by default (see :class:`TinyLM`): with one, the
+  first token's value grows and serves as a bias, and no zero-valued remedy replaces it.
 * :func:`logit_growth_experiment`: train at a high learning rate with and without ``qk_norm`` and record
   :func:`max_attention_logit`, the largest ``|q . k| * scaling``, along the way.
 
