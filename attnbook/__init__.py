@@ -18,7 +18,11 @@ below, or a subpackage's ``__init__`` for the names it lists):
   the pairs each one scores and their measured costs), ``latent`` (multi-head
   latent attention, DeepSeek-V2/V3: the latent cache and absorbed decoding),
   ``configs`` (the attention of six published models' configs, and their KV
-  cache by kind of layer);
+  cache by kind of layer), ``llm_attention`` (the attention layer of today's
+  decoder LLMs with the switches they differ by: QK-norm, learned sinks,
+  softmax-plus-one, an output gate, local and global layers; equal to
+  Hugging Face's), ``llm_experiments`` (a toy language model trained on a CPU
+  to show attention sinks form and QK-norm bound the logits);
 * models: ``tasks`` (``tasks.data``: the vocabulary and the toy tasks;
   ``tasks.models``: the two toy transformers), ``train`` (fit, evaluate,
   attention alignment, and one input's every attention map), ``pretrained``
@@ -115,7 +119,7 @@ __all__ = [
 # `attnbook.explorers.saturation_explorer()` works after a plain `import attnbook`.
 _LAZY = {"core", "mha", "positional", "kvcache", "layers", "efficient", "tasks", "train", "pretrained", "measure",
          "plotting", "exercises", "explorers", "testing", "vision", "latent",
-         "configs"}
+         "configs", "llm_attention", "llm_experiments"}
 
 
 def __getattr__(name: str) -> Any:

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnbook import causal_mask, sliding_window_mask
 from attnbook.llm_attention import (
     LAYER_TYPES,
     LLMAttention,
@@ -19,7 +20,7 @@ from attnbook.llm_attention import (
     softmax_plus_one,
     softmax_with_sink,
 )
-from attnbook.masks import causal_mask, from_additive, sliding_window_mask
+from attnbook.masks import from_additive
 
 
 def _x(*shape, seed=0, dtype=torch.float32):
