@@ -371,10 +371,12 @@ def check_mask_mod(mask_mod: MaskMod, T: int, S: int | None = None, *, B: int = 
                              f"{shape_str(out)} for scalar indices")
         if what == "index grids":
             try:
-                torch.broadcast_shapes(out.shape, (B, H, T, S))
+                fits = torch.broadcast_shapes(out.shape, (B, H, T, S)) == (B, H, T, S)
             except RuntimeError:
+                fits = False
+            if not fits:
                 raise ValueError(f"mask_mod {name} returned shape {shape_str(out)}, which does not broadcast to "
-                                 f"(B, H, T, S) = ({B}, {H}, {T}, {S})") from None
+                                 f"(B, H, T, S) = ({B}, {H}, {T}, {S})")
 
 
 def dense_mask(mask_mod: MaskMod, B: int, H: int, T: int, S: int | None = None, *, device: Device = None) -> torch.Tensor:
