@@ -153,10 +153,11 @@ def block_mask_explorer(*, block_size: int = FLEX_BLOCK_SIZE, lengths: tuple[int
         art["title"].set_text(f"{d['what']}, T = {d['T']:,}: {d['skipped']} of {d['total']} tiles skipped "
                               f"({d['skipped_share']:.0%})")
         if d["method"] == "flex":
-            note = "tiles from torch's create_block_mask"
+            note = f"tiles from torch's create_block_mask; {d['allowed_share']:.0%} of the (query, key) pairs allowed"
         else:
-            note = "FlexAttention unavailable here (torch < 2.5): tiles counted from the dense mask"
-        art["note"].set_text(f"{note}; {d['allowed_share']:.0%} of the (query, key) pairs allowed")
+            note = (f"FlexAttention unavailable (torch < 2.5): tiles counted from the dense mask; "
+                    f"{d['allowed_share']:.0%} of pairs allowed")
+        art["note"].set_text(note)
 
     def caption(d: dict) -> str:
         how = ("torch's create_block_mask" if d["method"] == "flex"
