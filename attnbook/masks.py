@@ -395,9 +395,10 @@ def apply_score_mod(score_mod: ScoreMod, scores: torch.Tensor) -> torch.Tensor:
     (ALiBi's, T5's)."""
     if not callable(score_mod):
         raise TypeError(f"score_mod must be callable (score, b, h, q_idx, kv_idx) -> score, got {type(score_mod).__name__}")
-    if not isinstance(scores, torch.Tensor) or not scores.dtype.is_floating_point or scores.dim() != 4:
-        raise TypeError(f"scores must be a float tensor (B, H, T, S), got {getattr(scores, 'dtype', type(scores).__name__)} "
-                        f"{shape_str(scores) if isinstance(scores, torch.Tensor) else ''}".rstrip())
+    if not isinstance(scores, torch.Tensor) or not scores.dtype.is_floating_point:
+        raise TypeError(f"scores must be a float tensor (B, H, T, S), got {getattr(scores, 'dtype', type(scores).__name__)}")
+    if scores.dim() != 4:
+        raise ValueError(f"scores must be (B, H, T, S), got shape {shape_str(scores)}")
     out = score_mod(scores, *_grid(*scores.shape, device=scores.device))  # type: ignore[misc]
     if not isinstance(out, torch.Tensor) or not out.dtype.is_floating_point:
         raise TypeError(f"score_mod {_mod_name(score_mod)} must return float scores, got "
@@ -715,9 +716,10 @@ def eager_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, s
     from torch.nn.attention.flex_attention import flex_attention
 
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-D tensor (B, H, len, D), got "
-                             f"{shape_str(t) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (B, H, len, D), got shape {shape_str(t)}")
     bs = _check_block_size(block_size)
     B, H, T, _ = q.shape
     S = k.shape[-2]

@@ -434,6 +434,10 @@ def test_flex_paths_check_block_size():
         eager_flex_attention(q, k, v, mask_mod=causal_mask_mod(16), block_size=0)
     with pytest.raises(ValueError, match="block_size must be an int >= 1, got -1"):
         make_block_mask(causal_mask_mod(16), 16, block_size=-1)
+    with pytest.raises(ValueError, match=r"q must be 4-D \(B, H, len, D\), got shape \(16, 8\)"):
+        eager_flex_attention(q[0, 0], k, v)
+    with pytest.raises(TypeError, match="k must be a torch.Tensor, got list"):
+        eager_flex_attention(q, [1.0], v)
 
 
 def test_mask_mod_must_return_bool():
@@ -499,8 +503,10 @@ def test_other_arguments_are_checked():
         relative_position_score_mod(torch.zeros(32, 4), 8)
     with pytest.raises(TypeError, match="score_mod .* must return float scores, got torch.bool"):
         apply_score_mod(lambda s, b, h, q, kv: q >= kv, torch.zeros(1, 1, 4, 4))
-    with pytest.raises(TypeError, match="scores must be a float tensor"):
+    with pytest.raises(ValueError, match=r"scores must be \(B, H, T, S\), got shape \(4, 4\)"):
         apply_score_mod(soft_cap_score_mod(5), torch.zeros(4, 4))
+    with pytest.raises(TypeError, match="scores must be a float tensor .*got torch.int64"):
+        apply_score_mod(soft_cap_score_mod(5), torch.zeros(1, 1, 4, 4, dtype=torch.long))
     with pytest.raises(TypeError, match="combine_mask_mods takes one or more mask programs"):
         combine_mask_mods(causal_mask_mod(4), "causal")
 

@@ -75,10 +75,10 @@ def _program(name: str, T: int) -> MaskMod:
 _WHAT = {
     "causal": "causal",
     "sliding window": f"causal sliding window ({WINDOW} keys back)",
-    "document": "4 documents packed, causal within each",
-    "prefix-LM": "prefix LM (bidirectional over 3/8 of T)",
-    "padding": "padding (5/8 of T real)",
-    "causal + padding": "causal + padding (5/8 of T real)",
+    "document": f"{len(DOCUMENT_SHARES)} documents packed, causal within each",
+    "prefix-LM": f"prefix LM (bidirectional over {PREFIX_SHARE}/8 of T)",
+    "padding": f"padding ({REAL_SHARE}/8 of T real)",
+    "causal + padding": f"causal + padding ({REAL_SHARE}/8 of T real)",
 }
 
 
