@@ -634,11 +634,17 @@ def make_block_mask(mask_mod: MaskMod, T: int, S: int | None = None, *, B: int =
     S = T if S is None else check_int("S", S)
     bs = _check_block_size(block_size)
     check_mask_mod(mask_mod, T, S, B=B, H=H, device=device)
+    return _create_block_mask(mask_mod, B, H, T, S, bs, device)
+
+
+def _create_block_mask(mask_mod: MaskMod, B: int, H: int, T: int, S: int, block_size: int,
+                       device: Device) -> BlockMask:
+    """torch's ``create_block_mask``, for arguments already checked."""
     if not flex_available():
         raise RuntimeError(f"FlexAttention needs torch >= 2.5 with TorchDynamo; this is torch {torch.__version__}")
     from torch.nn.attention.flex_attention import create_block_mask
 
-    return create_block_mask(mask_mod, B, H, T, S, device=device, BLOCK_SIZE=bs)
+    return create_block_mask(mask_mod, B, H, T, S, device=device, BLOCK_SIZE=block_size)
 
 
 def _tiles_of(block_mask: BlockMask) -> torch.Tensor:
@@ -677,13 +683,13 @@ def block_mask_stats(mask_mod: MaskMod, T: int, S: int | None = None, block_size
         method = "flex" if flex_available() else "dense"
     mask = dense_mask(mask_mod, B, H, T, S)  # (B, H, T, S); also checks the program
     if method == "flex":
-        tiles = _tiles_of(make_block_mask(mask_mod, T, S, B=B, H=H, block_size=bs)).cpu()
+        tiles = _tiles_of(_create_block_mask(mask_mod, B, H, T, S, bs, "cpu"))
     else:
         tiles = block_tiles(mask, bs)  # (B, H, nq, nk)
     counts = {kind: int((tiles == code).sum()) for code, kind in enumerate(TILE_KINDS)}
     total = tiles.numel()
     return {"tiles": tiles, **counts, "total": total, "skipped_share": counts["skipped"] / total,
-            "allowed_share": float(mask.float().mean()), "block_size": bs, "method": method}
+            "allowed_share": int(mask.sum()) / mask.numel(), "block_size": bs, "method": method}
 
 
 @contextlib.contextmanager
