@@ -716,7 +716,9 @@ def eager_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, s
     """``flex_attention(q, k, v, score_mod, block_mask)`` run eagerly, with the block mask made from
     ``mask_mod`` (:func:`make_block_mask`, on q's device, for q's B and H) and the unfused warning silenced
     (:func:`silence_unfused_warning`). q ``(B, H, T, D)``, k ``(B, H, S, D)``, v ``(B, H, S, Dv)`` ->
-    out ``(B, H, T, Dv)``; a query row no key is allowed gets a zero output, as in attnbook."""
+    out ``(B, H, T, Dv)``; a query row no key is allowed gets a zero output, as in attnbook. Forward only on
+    the CPU: torch's FlexAttention has no CPU backward pass (it raises NotImplementedError when an input
+    requires grad; run under ``torch.no_grad()`` or on a GPU)."""
     if not flex_available():
         raise RuntimeError(f"FlexAttention needs torch >= 2.5 with TorchDynamo; this is torch {torch.__version__}")
     from torch.nn.attention.flex_attention import flex_attention
