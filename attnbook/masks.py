@@ -1,6 +1,7 @@
 """Masks, and conversions between the conventions that trip people up.
 
-Dimension legend: B batch, H heads, T query length, S key length.
+Dimension legend: B batch, H heads, T query length, S key length; Bq, Bk queries and keys of one tile
+of a FlexAttention block mask.
 
 attnbook's convention: a bool mask is True where a query **may attend** to a
 key, as in ``torch.nn.functional.scaled_dot_product_attention``. Other
@@ -27,16 +28,24 @@ conventions you will meet, and the converters for them:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import math
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from numbers import Real
 from typing import TYPE_CHECKING
 
 import torch
 from torch.types import Device
 
-from ._checks import check_int
+from ._checks import check_int, shape_str
+from .positional import alibi_slopes, relative_position_bucket
 
 if TYPE_CHECKING:
     from torch.nn.attention.bias import CausalBias
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from .positional import RelativePositionBias
 
 __all__ = [
     "causal_mask",
@@ -53,6 +62,33 @@ __all__ = [
     "from_hf_attention_mask",
     "to_hf_attention_mask",
     "from_causal_bias",
+    # FlexAttention programs
+    "MaskMod",
+    "ScoreMod",
+    "FLEX_BLOCK_SIZE",
+    "TILE_KINDS",
+    "UNFUSED_WARNING",
+    "flex_available",
+    "check_mask_mod",
+    "dense_mask",
+    "apply_score_mod",
+    "causal_mask_mod",
+    "sliding_window_mask_mod",
+    "padding_mask_mod",
+    "document_ids",
+    "document_mask",
+    "document_mask_mod",
+    "prefix_lm_mask",
+    "prefix_lm_mask_mod",
+    "combine_mask_mods",
+    "alibi_score_mod",
+    "relative_position_score_mod",
+    "soft_cap_score_mod",
+    "block_tiles",
+    "make_block_mask",
+    "block_mask_stats",
+    "silence_unfused_warning",
+    "eager_flex_attention",
 ]
 
 
@@ -238,3 +274,467 @@ def from_causal_bias(bias: CausalBias) -> torch.Tensor:
     T, S = bias.seq_len_q, bias.seq_len_kv
     offset = S - T if bias.variant == CausalVariant.LOWER_RIGHT else 0
     return causal_mask(T, S, offset=offset)
+
+
+# ---------------------------------------------------------------------------
+# FlexAttention programs
+# ---------------------------------------------------------------------------
+#
+# A ``mask_mod(b, h, q_idx, kv_idx) -> bool`` says whether query ``q_idx`` of batch element ``b`` and head
+# ``h`` may attend key ``kv_idx``; a ``score_mod(score, b, h, q_idx, kv_idx) -> score`` rewrites one scaled
+# score before the softmax. FlexAttention calls them on scalar tensors under ``torch.vmap`` (eager) or
+# inlines them into a kernel (compiled); attnbook calls the same functions on broadcasting aranges
+# (:func:`dense_mask`, :func:`apply_score_mod`), so each program is checked against the package's dense
+# masks and biases. The functions below only build closures over plain tensors: nothing here needs
+# FlexAttention itself except :func:`make_block_mask` and :func:`eager_flex_attention`.
+
+MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``mask_mod(b, h, q_idx, kv_idx) -> bool tensor`` (True = may attend), FlexAttention's signature."""
+ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``score_mod(score, b, h, q_idx, kv_idx) -> score``, FlexAttention's signature (``score`` already scaled)."""
+
+FLEX_BLOCK_SIZE = 128
+"""FlexAttention's default tile side (queries and keys per block of a ``BlockMask``)."""
+TILE_KINDS = ("skipped", "partial", "full")
+"""What a (query block, key block) tile of a block mask is, by its code in :func:`block_tiles`'s grid: 0 no
+pair allowed (the kernel skips it), 1 some pairs allowed (computed, with ``mask_mod`` applied), 2 every pair
+allowed (computed without calling ``mask_mod``)."""
+UNFUSED_WARNING = r"flex_attention called without torch\.compile\(\)"
+"""The start of the message (a regular expression) torch warns with when ``flex_attention`` runs eagerly."""
+
+
+def flex_available() -> bool:
+    """Whether this torch has FlexAttention (``torch.nn.attention.flex_attention``, torch >= 2.5) and can run it
+    eagerly (it traces the score and mask programs with TorchDynamo, which some Python versions lack)."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    import torch._dynamo
+
+    return bool(torch._dynamo.is_dynamo_supported())
+
+
+def _named(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., torch.Tensor]:
+    """``fn`` with a readable ``__name__`` (``BlockMask``'s repr and :func:`check_mask_mod`'s errors show it)."""
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
+def _mod_name(fn: object) -> str:
+    return getattr(fn, "__name__", None) or repr(fn)
+
+
+def _int_tensor(name: str, values: torch.Tensor | Sequence[int], device: Device = None) -> torch.Tensor:
+    """``values`` as an int64 tensor; TypeError for floats, bools or anything else."""
+    if isinstance(values, torch.Tensor):
+        t = values
+    elif isinstance(values, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool) for x in values):
+        t = torch.tensor(list(values), dtype=torch.long)
+    else:
+        raise TypeError(f"{name} must be a sequence of ints or an integer tensor, got {type(values).__name__} "
+                        f"{values!r}")
+    if t.dtype.is_floating_point or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{name} must hold ints, got {t.dtype}")
+    return t.to(device=device if device is not None else t.device, dtype=torch.long)
+
+
+def _grid(B: int, H: int, T: int, S: int, device: Device = None) -> tuple[torch.Tensor, ...]:
+    """Broadcasting aranges ``b (B,1,1,1)``, ``h (1,H,1,1)``, ``q_idx (1,1,T,1)``, ``kv_idx (1,1,1,S)``."""
+    return (torch.arange(B, device=device)[:, None, None, None], torch.arange(H, device=device)[None, :, None, None],
+            torch.arange(T, device=device)[None, None, :, None], torch.arange(S, device=device)[None, None, None, :])
+
+
+def check_mask_mod(mask_mod: MaskMod, T: int, S: int | None = None, *, B: int = 1, H: int = 1,
+                   device: Device = None) -> None:
+    """Raise unless ``mask_mod`` is a FlexAttention mask program for ``B x H`` (``T``, ``S``) scores: called on
+    scalar int32 indices (as FlexAttention calls it) it returns a 0-dim bool tensor, and called on broadcasting
+    aranges (as :func:`dense_mask` calls it) a bool tensor that broadcasts to ``(B, H, T, S)``.
+
+    TypeError names the program when it is not callable or returns something other than a bool tensor (an
+    int 0/1 mask, a Python bool); ValueError when its result does not broadcast to ``(B, H, T, S)``.
+    """
+    T = check_int("T", T)
+    S = T if S is None else check_int("S", S)
+    B, H = check_int("B", B), check_int("H", H)
+    if not callable(mask_mod):
+        raise TypeError(f"mask_mod must be callable (b, h, q_idx, kv_idx) -> bool tensor, got {type(mask_mod).__name__}")
+    name = _mod_name(mask_mod)
+    zero = torch.zeros((), dtype=torch.int32, device=device)
+    for args, what in (((zero, zero, zero, zero), "scalar indices"), (_grid(B, H, T, S, device), "index grids")):
+        out = mask_mod(*args)
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
+            got = out.dtype if isinstance(out, torch.Tensor) else type(out).__name__
+            raise TypeError(f"mask_mod {name} must return a bool tensor (True = may attend), got {got} on {what}")
+        if what == "scalar indices" and out.dim() != 0:
+            raise ValueError(f"mask_mod {name} must return one value per (b, h, q_idx, kv_idx), got shape "
+                             f"{shape_str(out)} for scalar indices")
+        if what == "index grids":
+            try:
+                fits = torch.broadcast_shapes(out.shape, (B, H, T, S)) == (B, H, T, S)
+            except RuntimeError:
+                fits = False
+            if not fits:
+                raise ValueError(f"mask_mod {name} returned shape {shape_str(out)}, which does not broadcast to "
+                                 f"(B, H, T, S) = ({B}, {H}, {T}, {S})")
+
+
+def dense_mask(mask_mod: MaskMod, B: int, H: int, T: int, S: int | None = None, *, device: Device = None) -> torch.Tensor:
+    """Bool ``(B, H, T, S)``: ``mask_mod`` evaluated on every (batch, head, query, key), vectorised by
+    calling it once on broadcasting aranges (no FlexAttention needed; the same mask as torch's
+    ``create_mask``). Checks the program first (:func:`check_mask_mod`)."""
+    T = check_int("T", T)
+    S = T if S is None else check_int("S", S)
+    check_mask_mod(mask_mod, T, S, B=B, H=H, device=device)
+    return mask_mod(*_grid(B, H, T, S, device)).expand(B, H, T, S)  # (B, H, T, S)
+
+
+def apply_score_mod(score_mod: ScoreMod, scores: torch.Tensor) -> torch.Tensor:
+    """``score_mod`` applied to dense scores ``(B, H, T, S)`` (already scaled), vectorised on broadcasting
+    aranges: the scores FlexAttention's softmax sees. On zeros it gives an additive program's bias
+    (ALiBi's, T5's)."""
+    if not callable(score_mod):
+        raise TypeError(f"score_mod must be callable (score, b, h, q_idx, kv_idx) -> score, got {type(score_mod).__name__}")
+    if not isinstance(scores, torch.Tensor) or not scores.dtype.is_floating_point:
+        raise TypeError(f"scores must be a float tensor (B, H, T, S), got {getattr(scores, 'dtype', type(scores).__name__)}")
+    if scores.dim() != 4:
+        raise ValueError(f"scores must be (B, H, T, S), got shape {shape_str(scores)}")
+    out = score_mod(scores, *_grid(*scores.shape, device=scores.device))  # type: ignore[misc]
+    if not isinstance(out, torch.Tensor) or not out.dtype.is_floating_point:
+        raise TypeError(f"score_mod {_mod_name(score_mod)} must return float scores, got "
+                        f"{getattr(out, 'dtype', type(out).__name__)}")
+    return out.expand(scores.shape)  # (B, H, T, S)
+
+
+# -- mask programs ----------------------------------------------------------------------------------------
+
+
+def causal_mask_mod(T: int, S: int | None = None, *, bottom_right: bool = False) -> MaskMod:
+    """Causal: ``kv_idx <= q_idx`` (top-left, as ``is_causal=True`` and :func:`causal_mask`), or with
+    ``bottom_right`` ``kv_idx <= q_idx + S - T`` (the queries are the last T of S positions, as
+    ``causal_mask(T, S, offset=S - T)`` and ``causal_lower_right``)."""
+    T = check_int("T", T)
+    S = T if S is None else check_int("S", S)
+    offset = S - T if bottom_right else 0
+
+    def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        return kv_idx <= q_idx + offset
+
+    return _named(mask_mod, f"causal_{'bottom_right' if bottom_right else 'top_left'}(T={T}, S={S})")
+
+
+def sliding_window_mask_mod(window: int, *, causal: bool = False) -> MaskMod:
+    """``|q_idx - kv_idx| <= window`` (``0 <= q_idx - kv_idx <= window`` when ``causal``): the mask of
+    :func:`sliding_window_mask`. (Hugging Face's ``sliding_window`` W is this with ``window = W - 1``.)"""
+    window = check_int("window", window, 0)
+
+    def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        d = q_idx - kv_idx
+        return (d >= 0) & (d <= window) if causal else d.abs() <= window
+
+    return _named(mask_mod, f"sliding_window(window={window}, causal={causal})")
+
+
+def padding_mask_mod(lengths: torch.Tensor | Sequence[int], max_len: int | None = None, *, left: bool = False,
+                     device: Device = None) -> MaskMod:
+    """Key ``kv_idx`` of batch element ``b`` is real: ``kv_idx < lengths[b]`` (with ``left``,
+    ``kv_idx >= max_len - lengths[b]``): the mask of :func:`padding_mask`. ``max_len`` (S) defaults to the
+    longest length. A length of 0 blocks every query of that element: FlexAttention gives such fully masked
+    rows a zero output, attnbook's convention too."""
+    lengths = _int_tensor("lengths", lengths, device)
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must be 1-D (B,), got shape {shape_str(lengths)}")
+    if len(lengths) and int(lengths.min()) < 0:
+        raise ValueError(f"lengths must be >= 0, got {lengths.tolist()}")
+    longest = int(lengths.max()) if len(lengths) else 0
+    S = longest if max_len is None else check_int("max_len", max_len, 0)
+    if S < longest:
+        raise ValueError(f"max_len={S} is shorter than the longest length {longest}")
+    first_real = S - lengths  # (B,)
+
+    def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        return kv_idx >= first_real[b] if left else kv_idx < lengths[b]
+
+    return _named(mask_mod, f"padding(lengths={lengths.tolist()}, max_len={S}, left={left})")
+
+
+def document_ids(lengths: torch.Tensor | Sequence[int], *, device: Device = None) -> torch.Tensor:
+    """Int64 ``(T,)``: the document each position of a packed sequence belongs to, for documents of
+    ``lengths`` packed one after the other (``[3, 2] -> [0, 0, 0, 1, 1]``; T = their sum)."""
+    lengths = _int_tensor("lengths", lengths, device)
+    if lengths.dim() != 1 or not len(lengths) or int(lengths.min()) < 1:
+        raise ValueError(f"lengths must be a non-empty 1-D sequence of lengths >= 1, got {lengths.tolist()}")
+    return torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths)  # (T,)
+
+
+def _check_document_ids(ids: torch.Tensor | Sequence[int], device: Device) -> torch.Tensor:
+    ids = _int_tensor("document_ids", ids, device)
+    if ids.dim() not in (1, 2) or ids.shape[-1] == 0:
+        raise ValueError(f"document_ids must be (T,) or (B, T) with T >= 1, got shape {shape_str(ids)}")
+    return ids
+
+
+def document_mask(document_ids: torch.Tensor | Sequence[int], *, causal: bool = True) -> torch.Tensor:
+    """Bool ``(T, T)`` (or ``(B, 1, T, T)`` for ids ``(B, T)``): several documents packed into one sequence,
+    each attending only to itself: ``document_ids[i] == document_ids[j]``, and ``j <= i`` when ``causal``.
+    The dense mask of :func:`document_mask_mod`."""
+    ids = _check_document_ids(document_ids, None)
+    same = ids[..., :, None] == ids[..., None, :]  # (..., T, T)
+    if causal:
+        same = same & causal_mask(ids.shape[-1], device=ids.device)
+    return same[:, None] if ids.dim() == 2 else same  # (B, 1, T, T) or (T, T)
+
+
+def document_mask_mod(document_ids: torch.Tensor | Sequence[int], *, causal: bool = True,
+                      device: Device = None) -> MaskMod:
+    """Packed documents (``document_ids`` ``(T,)``, one id per position, e.g. from :func:`document_ids`, or
+    ``(B, T)``, one row per batch element): a query attends keys of its own document only, causally when
+    ``causal``. Self-attention (S = T). The mask of :func:`document_mask`."""
+    ids = _check_document_ids(document_ids, device)
+    T = ids.shape[-1]
+
+    if ids.dim() == 1:
+        def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+            same = ids[q_idx] == ids[kv_idx]
+            return same & (kv_idx <= q_idx) if causal else same
+    else:
+        def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+            same = ids[b, q_idx] == ids[b, kv_idx]
+            return same & (kv_idx <= q_idx) if causal else same
+
+    return _named(mask_mod, f"document(T={T}, documents={int(ids.unique().numel())}, causal={causal})")
+
+
+def prefix_lm_mask(T: int, prefix_len: int, *, device: Device = None) -> torch.Tensor:
+    """Bool ``(T, T)``: a prefix LM (T5's, UniLM's): every query sees the whole prefix of ``prefix_len``
+    positions (so the prefix attends to itself bidirectionally), and the rest is causal: ``j <= i or
+    j < prefix_len``. The dense mask of :func:`prefix_lm_mask_mod`."""
+    T = check_int("T", T)
+    prefix_len = check_int("prefix_len", prefix_len, 0, T)
+    prefix = torch.arange(T, device=device) < prefix_len  # (S,)
+    return causal_mask(T, device=device) | prefix[None, :]  # (T, S)
+
+
+def prefix_lm_mask_mod(prefix_len: int) -> MaskMod:
+    """Prefix LM: ``kv_idx <= q_idx or kv_idx < prefix_len`` (bidirectional over the prefix, causal after):
+    the mask of :func:`prefix_lm_mask`."""
+    prefix_len = check_int("prefix_len", prefix_len, 0)
+
+    def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        return (kv_idx <= q_idx) | (kv_idx < prefix_len)
+
+    return _named(mask_mod, f"prefix_lm(prefix_len={prefix_len})")
+
+
+def combine_mask_mods(*mask_mods: MaskMod) -> MaskMod:
+    """Logical AND of mask programs (as :func:`combine_masks` for dense masks, and torch's ``and_masks``): a
+    key is allowed only if every program allows it."""
+    if not mask_mods or not all(callable(m) for m in mask_mods):
+        raise TypeError(f"combine_mask_mods takes one or more mask programs, got {[type(m).__name__ for m in mask_mods]}")
+    first, *rest = mask_mods
+
+    def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        out = first(b, h, q_idx, kv_idx)
+        for m in rest:
+            out = out & m(b, h, q_idx, kv_idx)
+        return out
+
+    return _named(mask_mod, " & ".join(_mod_name(m) for m in mask_mods))
+
+
+# -- score programs ---------------------------------------------------------------------------------------
+
+
+def alibi_score_mod(num_heads: int, T: int, S: int | None = None, *, device: Device = None) -> ScoreMod:
+    """ALiBi: ``score - slope_h * |q_idx + S - T - kv_idx|`` with :func:`attnbook.alibi_slopes`'s slopes (the
+    queries are the last T of S positions). With :func:`causal_mask_mod` ``(T, S, bottom_right=True)`` as the
+    mask it is ``attnbook.alibi_bias(num_heads, T, S)``; alone, ``alibi_bias(..., causal=False)``."""
+    num_heads = check_int("num_heads", num_heads)
+    T = check_int("T", T)
+    S = T if S is None else check_int("S", S)
+    slopes = alibi_slopes(num_heads, device=device)  # (H,)
+    offset = S - T
+
+    def score_mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor,
+                  kv_idx: torch.Tensor) -> torch.Tensor:
+        return score - slopes[h] * (q_idx + offset - kv_idx).abs()
+
+    return _named(score_mod, f"alibi(num_heads={num_heads}, T={T}, S={S})")
+
+
+def relative_position_score_mod(bias: RelativePositionBias, T: int, S: int | None = None) -> ScoreMod:
+    """T5's relative position bias as a score program: ``score + table[bucket(kv_idx - q_idx - (S - T)), h]``,
+    with ``bias``'s learned table (``bias.embedding.weight``, read at each call, so training moves it) and
+    :func:`attnbook.relative_position_bucket`'s buckets, computed once for the ``T + S - 1`` diagonals. Equal to
+    adding ``bias(T, S)`` (queries at the last T of S positions)."""
+    from .positional import RelativePositionBias
+
+    if not isinstance(bias, RelativePositionBias):
+        raise TypeError(f"bias must be an attnbook.RelativePositionBias, got {type(bias).__name__}")
+    T = check_int("T", T)
+    S = T if S is None else check_int("S", S)
+    table = bias.embedding.weight  # (num_buckets, H)
+    # diagonal d = kv_idx - q_idx + T - 1 in [0, T + S - 2] has relative position kv - (q + S - T) = d - (S - 1)
+    rel = torch.arange(T + S - 1, device=table.device) - (S - 1)  # (T + S - 1,)
+    buckets = relative_position_bucket(rel, bias.bidirectional, bias.num_buckets, bias.max_distance)
+    last = T - 1
+
+    def score_mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor,
+                  kv_idx: torch.Tensor) -> torch.Tensor:
+        return score + table[buckets[kv_idx - q_idx + last], h]
+
+    return _named(score_mod, f"t5_relative(T={T}, S={S}, num_buckets={bias.num_buckets})")
+
+
+def soft_cap_score_mod(cap: float) -> ScoreMod:
+    """Tanh soft-capping (Gemma 2): ``cap * tanh(score / cap)``, which keeps every score in ``(-cap, cap)``
+    (Gemma 2 caps attention scores at 50). Applied before any mask."""
+    if isinstance(cap, bool) or not isinstance(cap, Real):
+        raise TypeError(f"cap must be a positive number, got {type(cap).__name__} {cap!r}")
+    if not math.isfinite(cap) or cap <= 0:
+        raise ValueError(f"cap must be a positive finite number, got {cap!r}")
+    cap = float(cap)
+
+    def score_mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor,
+                  kv_idx: torch.Tensor) -> torch.Tensor:
+        return cap * torch.tanh(score / cap)
+
+    return _named(score_mod, f"soft_cap(cap={cap:g})")
+
+
+# -- block masks: what FlexAttention skips ----------------------------------------------------------------
+
+
+def _check_block_size(block_size: object) -> int:
+    return check_int("block_size", block_size)
+
+
+def block_tiles(mask: torch.Tensor, block_size: int = FLEX_BLOCK_SIZE) -> torch.Tensor:
+    """Int8 ``(..., ceil(T / Bq), ceil(S / Bk))`` (``Bq = Bk = block_size``): each tile of the bool mask
+    ``(..., T, S)`` as its code in :data:`TILE_KINDS` (0 skipped, 1 partial, 2 full), counted from the dense
+    mask as ``create_block_mask`` counts it: a ragged last tile is padded with blocked pairs, so it is never
+    full. Needs no FlexAttention."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() < 2:
+        raise TypeError(f"mask must be a bool tensor (..., T, S), got {getattr(mask, 'dtype', type(mask).__name__)}")
+    bs = _check_block_size(block_size)
+    T, S = mask.shape[-2:]
+    nq, nk = -(-T // bs), -(-S // bs)
+    padded = torch.nn.functional.pad(mask, (0, nk * bs - S, 0, nq * bs - T))  # (..., nq * Bq, nk * Bk), False
+    tiles = padded.reshape(*mask.shape[:-2], nq, bs, nk, bs).sum(dim=(-3, -1))  # (..., nq, nk) allowed pairs
+    return (tiles > 0).to(torch.int8) + (tiles == bs * bs).to(torch.int8)  # (..., nq, nk)
+
+
+def make_block_mask(mask_mod: MaskMod, T: int, S: int | None = None, *, B: int = 1, H: int = 1,
+                    block_size: int = FLEX_BLOCK_SIZE, device: Device = "cpu") -> BlockMask:
+    """``torch.nn.attention.flex_attention.create_block_mask`` for ``mask_mod``, after checking the program
+    (:func:`check_mask_mod`) and the sizes (``block_size`` > 0: ValueError otherwise). ``device`` defaults to
+    the CPU (torch's own default is the accelerator, when there is one). RuntimeError without FlexAttention
+    (:func:`flex_available`)."""
+    T = check_int("T", T)
+    S = T if S is None else check_int("S", S)
+    bs = _check_block_size(block_size)
+    check_mask_mod(mask_mod, T, S, B=B, H=H, device=device)
+    return _create_block_mask(mask_mod, B, H, T, S, bs, device)
+
+
+def _create_block_mask(mask_mod: MaskMod, B: int, H: int, T: int, S: int, block_size: int,
+                       device: Device) -> BlockMask:
+    """torch's ``create_block_mask``, for arguments already checked."""
+    if not flex_available():
+        raise RuntimeError(f"FlexAttention needs torch >= 2.5 with TorchDynamo; this is torch {torch.__version__}")
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(mask_mod, B, H, T, S, device=device, BLOCK_SIZE=block_size)
+
+
+def _tiles_of(block_mask: BlockMask) -> torch.Tensor:
+    """Int8 ``(B, H, nq, nk)``: a BlockMask's tiles as :func:`block_tiles` codes, from its public index lists
+    (``kv_num_blocks``/``kv_indices`` for partial tiles, ``full_kv_*`` for full ones)."""
+    *lead, nq, nk = block_mask.kv_indices.shape
+    tiles = torch.zeros(*lead, nq, nk, dtype=torch.int8, device=block_mask.kv_indices.device)  # (B, H, nq, nk)
+    lists = [(block_mask.kv_num_blocks, block_mask.kv_indices, 1)]
+    if block_mask.full_kv_num_blocks is not None and block_mask.full_kv_indices is not None:
+        lists.append((block_mask.full_kv_num_blocks, block_mask.full_kv_indices, 2))
+    for num, idx, code in lists:
+        used = torch.arange(idx.shape[-1], device=idx.device) < num[..., None]  # (B, H, nq, nk): listed entries
+        mark = torch.zeros_like(tiles)
+        mark.scatter_(-1, idx.long(), used.to(torch.int8) * code)  # unused entries scatter a 0 (max below keeps it)
+        tiles = torch.maximum(tiles, mark)
+    return tiles
+
+
+def block_mask_stats(mask_mod: MaskMod, T: int, S: int | None = None, block_size: int = FLEX_BLOCK_SIZE, *,
+                     B: int = 1, H: int = 1, method: str = "auto") -> dict:
+    """How FlexAttention's block mask for ``mask_mod`` splits the (T, S) scores into ``block_size`` tiles.
+
+    Returns a dict: ``tiles`` (int8 ``(B, H, nq, nk)``, codes of :data:`TILE_KINDS`), ``full``, ``partial``,
+    ``skipped`` and ``total`` (tile counts over all B x H), ``skipped_share`` (skipped / total: the share of
+    the score tiles a block-sparse kernel never computes), ``allowed_share`` (allowed pairs / T S),
+    ``block_size`` and ``method``. ``method``: ``"flex"`` reads ``create_block_mask``'s index lists,
+    ``"dense"`` counts the dense mask's tiles (:func:`block_tiles`, no FlexAttention needed), ``"auto"``
+    (the default) the first where FlexAttention is available, else the second; both give the same tiles.
+    """
+    T = check_int("T", T)
+    S = T if S is None else check_int("S", S)
+    bs = _check_block_size(block_size)
+    if method not in ("auto", "flex", "dense"):
+        raise ValueError(f"method must be 'auto', 'flex' or 'dense', got {method!r}")
+    if method == "auto":
+        method = "flex" if flex_available() else "dense"
+    mask = dense_mask(mask_mod, B, H, T, S)  # (B, H, T, S); also checks the program
+    if method == "flex":
+        tiles = _tiles_of(_create_block_mask(mask_mod, B, H, T, S, bs, "cpu"))
+    else:
+        tiles = block_tiles(mask, bs)  # (B, H, nq, nk)
+    counts = {kind: int((tiles == code).sum()) for code, kind in enumerate(TILE_KINDS)}
+    total = tiles.numel()
+    return {"tiles": tiles, **counts, "total": total, "skipped_share": counts["skipped"] / total,
+            "allowed_share": int(mask.sum()) / mask.numel(), "block_size": bs, "method": method}
+
+
+@contextlib.contextmanager
+def silence_unfused_warning() -> Iterator[None]:
+    """Inside ``with silence_unfused_warning():`` torch's one warning that ``flex_attention`` runs without
+    ``torch.compile`` is not shown; every other warning is (a ``warnings.filterwarnings`` on that message
+    and ``UserWarning`` only, undone on exit).
+
+    What the warning says: eagerly, FlexAttention is *unfused*: it computes the whole ``(B, H, T, S)``
+    score tensor, applies ``score_mod`` and ``mask_mod`` to every entry (vectorised with ``torch.vmap``), and
+    takes a softmax over it, as attnbook's dense path does; its ``BlockMask`` skips nothing. Only
+    ``torch.compile(flex_attention)`` fuses the programs into one tiled kernel that never materialises the
+    scores and skips the tiles the block mask marks empty. Eager is right for checking a program, not for
+    speed. (torch warns once per process: a call silenced here uses that once up.)
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=UNFUSED_WARNING, category=UserWarning)
+        yield
+
+
+def eager_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, score_mod: ScoreMod | None = None,
+                         mask_mod: MaskMod | None = None, block_size: int = FLEX_BLOCK_SIZE,
+                         scale: float | None = None) -> torch.Tensor:
+    """``flex_attention(q, k, v, score_mod, block_mask)`` run eagerly, with the block mask made from
+    ``mask_mod`` (:func:`make_block_mask`, on q's device, for q's B and H) and the unfused warning silenced
+    (:func:`silence_unfused_warning`). q ``(B, H, T, D)``, k ``(B, H, S, D)``, v ``(B, H, S, Dv)`` ->
+    out ``(B, H, T, Dv)``; a query row no key is allowed gets a zero output, as in attnbook. Forward only on
+    the CPU: torch's FlexAttention has no CPU backward pass (it raises NotImplementedError when an input
+    requires grad; run under ``torch.no_grad()`` or on a GPU)."""
+    if not flex_available():
+        raise RuntimeError(f"FlexAttention needs torch >= 2.5 with TorchDynamo; this is torch {torch.__version__}")
+    from torch.nn.attention.flex_attention import flex_attention
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (B, H, len, D), got shape {shape_str(t)}")
+    bs = _check_block_size(block_size)
+    B, H, T, _ = q.shape
+    S = k.shape[-2]
+    block_mask = None
+    if mask_mod is not None:
+        block_mask = make_block_mask(mask_mod, T, S, B=B, H=H, block_size=bs, device=q.device)
+    with silence_unfused_warning():
+        out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    assert isinstance(out, torch.Tensor)
+    return out

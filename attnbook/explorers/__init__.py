@@ -11,6 +11,8 @@
 * ``minilm.minilm_explorer(model, tokenizer)``: layer, head, sentence -> all-MiniLM-L6-v2's heads (chapter 10);
 * ``kv_budget.kv_budget_explorer()``: a published model's config and a context length -> its KV cache per
   sequence, split by kind of layer (chapter 12);
+* ``block_mask.block_mask_explorer()``: a mask program and a length -> the dense mask and the tiles a
+  FlexAttention block mask computes in full, in part or skips (chapter 13);
 * ``vit.vit_explorer(model, images, labels)``: digit, layer, head, raw or rollout -> what a trained Vision
   Transformer's [CLS] token looks at (chapter 11).
 
@@ -41,11 +43,12 @@ __all__ = [
     "minilm_explorer",
     "vit_explorer",
     "kv_budget_explorer",
+    "block_mask_explorer",
     "FACTORIES",
 ]
 
 _FAMILIES = ("saturation", "heads", "masks", "positions", "trained_heads", "variants", "kv_heads", "minilm", "vit",
-             "kv_budget")
+             "kv_budget", "block_mask")
 FACTORIES = {f"{family}_explorer": family for family in _FAMILIES}
 """Each factory's name -> the module of its family (``attnbook.explorers.<family>``)."""
 
