@@ -627,10 +627,13 @@ class PagedKVCache:
         mask = padding_mask(lengths, S).to(pool.device)  # (B, 1, 1, S)
         out = []
         for blocks in (pool.k, pool.v):
-            x = blocks[table]  # (B, width, Hkv, block_size, D)
+            x = blocks.index_select(0, table.flatten())  # (B * width, Hkv, block_size, D): a copy
+            x = x.view(B, width, pool.num_kv_heads, size, pool.head_dim)  # (B, width, Hkv, block_size, D)
             x = x.transpose(1, 2).reshape(B, pool.num_kv_heads, width * size, pool.head_dim)  # (B, Hkv, width * block_size, D)
             x = x[:, :, :S]  # (B, Hkv, S, D)
-            out.append(x.masked_fill(~mask.view(B, 1, S, 1), 0.0))  # zeros past each sequence's end
+            for i, n in enumerate(lengths):
+                x[i, :, n:] = 0  # zeros past each sequence's end (stale or padding blocks), masked out anyway
+            out.append(x)
         return out[0], out[1], mask
 
     # ------------------------------------------------------------------ accounting
