@@ -21,6 +21,11 @@ and :func:`kv_cache_bytes` (defaults: :data:`MODEL_7B`, the shape of the
 7B-class models of 2023-24). How long one decoding step's attention takes over
 such a cache, with fewer key/value heads (GQA, MQA): :func:`decode_inputs` and
 :func:`measure_decode`.
+
+Many sequences in one pool, vLLM's paged attention: :class:`BlockPool` (fixed-size blocks, a free list,
+reference counts) and :class:`PagedKVCache` (a block table per sequence, blocks taken as it grows and returned
+when it ends, prompts shared between requests with copy-on-write); :func:`simulate_requests` plays a stream
+of requests through them and compares the memory held with preallocating ``max_len`` per request.
 """
 
 from __future__ import annotations
@@ -263,3 +268,572 @@ def measure_decode(num_heads: int, seq_len: int, kv_options: Sequence[int] | Non
     finally:
         torch.set_num_threads(before)
     return {decode_key(num_heads, hkv, bench_len, device): t for hkv, t in times.items()}
+
+
+# ----------------------------------------------------------------------------- a paged cache
+#
+# Shapes here: a pool holds `num_blocks` blocks of `block_size` token positions each, keys and values
+# (num_blocks, Hkv, block_size, D); a sequence of S tokens owns ceil(S / block_size) of them, listed in order
+# in its block table. (The spelled-out names stand for the pool's two sizes; no new legend letter.)
+
+__all__ += ["BlockPool", "PagedKVCache", "OutOfBlocksError", "PagedSimulation", "simulate_requests"]
+
+_SeqId = int | str  # what names a sequence of a PagedKVCache: an int or a str (a request id)
+
+
+class OutOfBlocksError(ValueError):
+    """The pool has fewer free blocks than a write needs. ``needed`` and ``free`` say how many; nothing was
+    written (a :meth:`PagedKVCache.append` that does not fit changes nothing)."""
+
+    def __init__(self, message: str, needed: int, free: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.free = free
+
+
+def _check_seq_id(seq_id: object) -> _SeqId:
+    if isinstance(seq_id, bool) or not isinstance(seq_id, (int, str)):
+        raise TypeError(f"seq_id must be an int or a str, got {type(seq_id).__name__} {seq_id!r}")
+    return seq_id
+
+
+class BlockPool:
+    """Fixed-size blocks of key/value memory for one attention layer, handed out one at a time.
+
+    ``k`` and ``v`` are ``(num_blocks, Hkv, block_size, D)`` tensors (zeros at first), allocated once: block
+    ``b`` holds ``block_size`` consecutive token positions of one sequence, ``k[b]`` being ``(Hkv, block_size,
+    D)``. A free list (a stack: the block freed last is handed out first; a new pool hands out 0, 1, 2, ...)
+    and a reference count per block say which blocks are in use and by how many sequences:
+    :meth:`allocate` takes a free block (count 1), :meth:`share` adds a reader (count + 1), :meth:`release`
+    drops one and returns the block to the free list when its count reaches 0.
+
+    This is vLLM's block allocator in miniature (Kwon et al. 2023, "Efficient Memory Management for Large
+    Language Model Serving with PagedAttention"); vLLM keeps one block table for all layers and one such
+    pair of tensors per layer. Keys and values share the head dim D here.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, *,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+        self.num_blocks = check_int("num_blocks", num_blocks, 1)
+        self.block_size = check_int("block_size", block_size, 1)
+        self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, 1)
+        self.head_dim = check_int("head_dim", head_dim, 1)
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__} {dtype!r}")
+        if not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
+        if not isinstance(device, (str, torch.device)):
+            raise TypeError(f"device must be a str or a torch.device, got {type(device).__name__} {device!r}")
+        shape = (num_blocks, num_kv_heads, block_size, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (num_blocks, Hkv, block_size, D)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (num_blocks, Hkv, block_size, D)
+        self._free = list(range(num_blocks - 1, -1, -1))  # a stack: pop() hands out 0, 1, 2, ... first
+        self._refs = [0] * num_blocks
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    @property
+    def num_free(self) -> int:
+        """Blocks on the free list."""
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        """Blocks in use (reference count > 0): ``num_blocks - num_free``."""
+        return self.num_blocks - len(self._free)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes of one token's keys and values: ``2 * Hkv * D * itemsize``."""
+        return 2 * self.num_kv_heads * self.head_dim * self.k.element_size()
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of one block's keys and values: ``block_size * bytes_per_token``."""
+        return self.block_size * self.bytes_per_token
+
+    def __repr__(self) -> str:
+        return (f"BlockPool(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, dtype={self.dtype}, "
+                f"used={self.num_used}, free={self.num_free})")
+
+    def _check_block(self, block: object) -> int:
+        block = check_int("block", block, 0, self.num_blocks - 1)
+        if self._refs[block] == 0:
+            raise ValueError(f"block {block} is free (reference count 0): allocate it first")
+        return block
+
+    def ref_count(self, block: int) -> int:
+        """How many sequences' block tables list ``block`` (0: it is free)."""
+        return self._refs[check_int("block", block, 0, self.num_blocks - 1)]
+
+    def allocate(self) -> int:
+        """Take a free block (its reference count becomes 1); :class:`OutOfBlocksError` when none is left."""
+        if not self._free:
+            raise OutOfBlocksError(f"the pool is out of blocks: 1 needed, 0 free of {self.num_blocks}", 1, 0)
+        block = self._free.pop()
+        self._refs[block] = 1
+        return block
+
+    def share(self, block: int) -> None:
+        """One more sequence reads ``block`` (which must be in use): its reference count goes up by 1."""
+        self._refs[self._check_block(block)] += 1
+
+    def release(self, block: int) -> bool:
+        """One sequence drops ``block``; when no sequence is left it returns to the free list (its contents
+        stay until it is written again). Returns whether it was freed."""
+        block = self._check_block(block)
+        self._refs[block] -= 1
+        if self._refs[block] == 0:
+            self._free.append(block)
+            return True
+        return False
+
+
+class PagedKVCache:
+    """The keys and values of many sequences of one attention layer, in the blocks of a :class:`BlockPool`.
+
+    Each sequence (named by an int or str ``seq_id``) has a **block table**, the list of its blocks in
+    order: token ``i`` sits in block ``table[i // block_size]`` at position ``i % block_size``. A sequence
+    takes a new block only when its last one is full, so memory grows with the tokens actually stored, not
+    with a ``max_len`` reserved up front (:class:`StaticKVCache`), and at most ``block_size - 1`` positions
+    of each sequence's last block are empty (:meth:`waste_bytes`). Blocks need not be adjacent: a finished
+    sequence's blocks go back to the pool (:meth:`free`) and any other sequence reuses them.
+
+    * :meth:`add_sequence` starts a sequence; :meth:`append` writes new keys and values ``(Hkv, T_new, D)``
+      after its cached ones (prefill: the whole prompt; decoding: one token);
+    * :meth:`gather` returns one sequence's keys and values ``(1, Hkv, S, D)``; :meth:`gather_batch` those of
+      several sequences of different lengths, right-padded to the longest, with the padding mask
+      ``(B, 1, 1, S)`` (True = may attend) to decode them in one batch;
+    * :meth:`fork` makes a sequence that shares the first tokens of another: the blocks are shared (reference
+      counted) and the first write into a shared block that is not full copies it (copy-on-write), so each
+      sequence sees its own tokens; full shared blocks are never written again and stay stored once;
+    * :meth:`add_sequence` with ``prompt_ids`` is the prompt-sharing helper: a request whose prompt (its token
+      ids) equals that of a live sequence that has cached it forks that sequence's prompt instead of
+      computing and storing it again.
+
+    A gather copies the blocks into contiguous tensors (the reference path of this CPU course); vLLM's
+    PagedAttention kernel instead reads the blocks in place through the block table.
+
+    Errors: an unknown or freed ``seq_id`` raises ``ValueError`` naming it (writing to a freed sequence is
+    a wrong value, not a missing key); a write that needs more blocks than are free raises
+    :class:`OutOfBlocksError` (a ``ValueError``) naming both counts and changes nothing; a wrong type raises
+    ``TypeError``, a wrong shape ``ValueError`` naming the shapes.
+    """
+
+    def __init__(self, pool: BlockPool) -> None:
+        if not isinstance(pool, BlockPool):
+            raise TypeError(f"pool must be a BlockPool, got {type(pool).__name__}")
+        self.pool = pool
+        self.num_copies = 0
+        """Copy-on-write copies made so far (each one a block copied before a write into a shared block)."""
+        self._tables: dict[_SeqId, list[int]] = {}
+        self._lengths: dict[_SeqId, int] = {}
+        self._prompt_of: dict[_SeqId, tuple[int, ...]] = {}
+        self._holders: dict[tuple[int, ...], list[_SeqId]] = {}  # prompt ids -> the live sequences started with it
+
+    # ------------------------------------------------------------------ sequences
+
+    def __len__(self) -> int:
+        """The number of live sequences."""
+        return len(self._tables)
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._tables
+
+    @property
+    def seq_ids(self) -> list[_SeqId]:
+        """The live sequences, in the order they were added."""
+        return list(self._tables)
+
+    def __repr__(self) -> str:
+        return (f"PagedKVCache(sequences={len(self)}, block_size={self.pool.block_size}, "
+                f"blocks used={self.pool.num_used}, free={self.pool.num_free})")
+
+    def _known(self, seq_id: object) -> _SeqId:
+        seq_id = _check_seq_id(seq_id)
+        if seq_id not in self._tables:
+            raise ValueError(f"seq_id {seq_id!r} is not in the cache (never added, or freed): "
+                             f"add_sequence({seq_id!r}) first")
+        return seq_id
+
+    def _new(self, seq_id: object) -> _SeqId:
+        seq_id = _check_seq_id(seq_id)
+        if seq_id in self._tables:
+            raise ValueError(f"seq_id {seq_id!r} is already in the cache: free({seq_id!r}) it first")
+        return seq_id
+
+    def length(self, seq_id: _SeqId) -> int:
+        """Tokens cached for ``seq_id``."""
+        return self._lengths[self._known(seq_id)]
+
+    def block_table(self, seq_id: _SeqId) -> list[int]:
+        """The blocks of ``seq_id``, in token order (a copy)."""
+        return list(self._tables[self._known(seq_id)])
+
+    def add_sequence(self, seq_id: _SeqId, prompt_ids: Sequence[int] | torch.Tensor | None = None) -> int:
+        """Start sequence ``seq_id`` (empty), and return how many of its prompt's tokens are already cached.
+
+        Without ``prompt_ids`` that is 0. With them (the prompt's token ids, a sequence of ints or a 1-d
+        integer tensor), if a live sequence added with the same ``prompt_ids`` has cached at least that many
+        tokens, the new one forks its prompt (:meth:`fork` of ``len(prompt_ids)`` tokens: the blocks are
+        shared, not copied) and the return value is ``len(prompt_ids)``: append only what follows. (Its
+        first output token comes from the last prompt position, whose result equals the other request's:
+        the same prompt gives the same keys, values and output.) Otherwise the sequence starts empty (0):
+        prefill the prompt with :meth:`append`, and later requests with that prompt will share it.
+
+        This matches whole prompts, the simplest honest form of prefix sharing (n samples of one prompt,
+        one system prompt asked again); vLLM's automatic prefix caching also matches partial prefixes, by
+        hashing each full block's token ids together with those of the blocks before it."""
+        seq_id = self._new(seq_id)
+        key: tuple[int, ...] | None = None
+        if prompt_ids is not None:
+            key = _prompt_key(prompt_ids)
+            for holder in self._holders.get(key, []):
+                if self._lengths[holder] >= len(key):
+                    self.fork(holder, seq_id, len(key))
+                    break
+            else:
+                self._tables[seq_id], self._lengths[seq_id] = [], 0
+            self._prompt_of[seq_id] = key
+            self._holders.setdefault(key, []).append(seq_id)
+            return self._lengths[seq_id]
+        self._tables[seq_id], self._lengths[seq_id] = [], 0
+        return 0
+
+    def fork(self, parent_id: _SeqId, child_id: _SeqId, num_tokens: int | None = None) -> None:
+        """Start ``child_id`` as a copy of the first ``num_tokens`` tokens of ``parent_id`` (default: all of
+        them) without copying any memory: the child's block table lists the parent's first
+        ``ceil(num_tokens / block_size)`` blocks, each one's reference count goes up by 1. The first write
+        of either sequence into a shared block that has free positions copies that block first
+        (copy-on-write); full shared blocks are only read, and stay stored once."""
+        parent_id = self._known(parent_id)
+        child_id = self._new(child_id)
+        length = self._lengths[parent_id]
+        num_tokens = length if num_tokens is None else check_int("num_tokens", num_tokens, 0, length)
+        blocks = self._tables[parent_id][:-(-num_tokens // self.pool.block_size)]
+        for block in blocks:
+            self.pool.share(block)
+        self._tables[child_id], self._lengths[child_id] = blocks, num_tokens
+
+    def free(self, seq_id: _SeqId) -> None:
+        """Drop ``seq_id``: each of its blocks loses a reader, and those no other sequence reads go back to
+        the pool's free list. Writing to it afterwards raises ``ValueError``."""
+        seq_id = self._known(seq_id)
+        for block in self._tables.pop(seq_id):
+            self.pool.release(block)
+        del self._lengths[seq_id]
+        key = self._prompt_of.pop(seq_id, None)
+        if key is not None:
+            holders = self._holders[key]
+            holders.remove(seq_id)
+            if not holders:
+                del self._holders[key]
+
+    # ------------------------------------------------------------------ writing
+
+    def _reserve(self, seq_id: _SeqId, n: int) -> int:
+        """Make room for ``n`` more tokens of ``seq_id`` (copy-on-write of a shared last block that is not
+        full, new blocks as needed) and count them as cached; returns the old length. Writes no keys or
+        values: :meth:`append` writes them, :func:`simulate_requests` plays allocation alone."""
+        table, length, size = self._tables[seq_id], self._lengths[seq_id], self.pool.block_size
+        if n == 0:
+            return length
+        filled = length % size  # positions used in the last block (0: it is full, or there is none)
+        cow = filled != 0 and self.pool.ref_count(table[-1]) > 1
+        new_blocks = -(-(length + n) // size) - len(table)
+        needed = new_blocks + int(cow)
+        if needed > self.pool.num_free:
+            copy = " (1 of them a copy-on-write of a shared block)" if cow else ""
+            raise OutOfBlocksError(
+                f"the pool is out of blocks: seq_id {seq_id!r} ({length} tokens cached) needs {needed} more "
+                f"block(s){copy} for {n} new tokens, but {self.pool.num_free} of {self.pool.num_blocks} blocks "
+                f"of {size} tokens are free; free finished sequences or make a larger pool", needed,
+                self.pool.num_free)
+        if cow:
+            old, new = table[-1], self.pool.allocate()
+            self.pool.k[new, :, :filled] = self.pool.k[old, :, :filled]  # (Hkv, filled, D)
+            self.pool.v[new, :, :filled] = self.pool.v[old, :, :filled]
+            self.pool.release(old)
+            table[-1] = new
+            self.num_copies += 1
+        table.extend(self.pool.allocate() for _ in range(new_blocks))
+        self._lengths[seq_id] = length + n
+        return length
+
+    def append(self, seq_id: _SeqId, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write the keys and values ``(Hkv, T_new, D)`` of ``T_new`` new tokens of ``seq_id`` after its
+        cached ones, taking blocks from the pool as the sequence crosses into them."""
+        seq_id = self._known(seq_id)
+        pool = self.pool
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        wanted = f"(Hkv, T_new, D) = ({pool.num_kv_heads}, T_new, {pool.head_dim})"
+        if (k.dim() != 3 or k.shape != v.shape or k.shape[0] != pool.num_kv_heads or k.shape[2] != pool.head_dim):
+            raise ValueError(f"k and v must both be {wanted} for this pool, got {shape_str(k)} and {shape_str(v)}")
+        if k.dtype != pool.dtype or v.dtype != pool.dtype:
+            raise TypeError(f"new keys and values are {k.dtype} and {v.dtype}, the pool holds {pool.dtype}")
+        if k.device != pool.device or v.device != pool.device:
+            raise ValueError(f"new keys and values are on {k.device} and {v.device}, the pool on {pool.device}")
+        n, size = k.shape[1], pool.block_size
+        start = self._reserve(seq_id, n)
+        table = self._tables[seq_id]
+        done = 0
+        while done < n:  # one slice per block the new tokens touch
+            pos = start + done
+            block, offset = table[pos // size], pos % size
+            m = min(size - offset, n - done)
+            pool.k[block, :, offset:offset + m] = k[:, done:done + m]  # (Hkv, m, D)
+            pool.v[block, :, offset:offset + m] = v[:, done:done + m]
+            done += m
+
+    # ------------------------------------------------------------------ reading
+
+    def gather(self, seq_id: _SeqId) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached keys and values of ``seq_id``, ``(1, Hkv, S, D)`` each (copied out of its blocks):
+        what :meth:`attnbook.MultiHeadAttention.attend` takes, as a :class:`KVCache` gives them."""
+        seq_id = self._known(seq_id)
+        k, v, _ = self._gather([seq_id])
+        return k, v
+
+    def gather_batch(self, seq_ids: Sequence[_SeqId]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The keys and values of several sequences, ``(B, Hkv, S, D)`` each with S the longest length,
+        right-padded with zeros, and the padding mask ``(B, 1, 1, S)``, True = may attend
+        (:func:`attnbook.padding_mask` of the lengths): one decoding step of the whole batch attends with
+        ``q (B, H, 1, D)``, each query seeing its own sequence's keys only."""
+        if isinstance(seq_ids, (str, bytes)) or not isinstance(seq_ids, Sequence):
+            raise TypeError(f"seq_ids must be a sequence of seq ids, got {type(seq_ids).__name__}")
+        if not seq_ids:
+            raise ValueError("seq_ids is empty: gather at least one sequence")
+        return self._gather([self._known(s) for s in seq_ids])
+
+    def _gather(self, seq_ids: list[_SeqId]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        from .masks import padding_mask
+
+        pool, size = self.pool, self.pool.block_size
+        lengths = [self._lengths[s] for s in seq_ids]
+        S = max(lengths)
+        width = -(-S // size)  # blocks of the longest sequence
+        rows = [self._tables[s] + [0] * (width - len(self._tables[s])) for s in seq_ids]  # block 0 pads
+        table = torch.tensor(rows, dtype=torch.long, device=pool.device).view(len(seq_ids), width)  # (B, width)
+        B = len(seq_ids)
+        mask = padding_mask(lengths, S).to(pool.device)  # (B, 1, 1, S)
+        out = []
+        for blocks in (pool.k, pool.v):
+            x = blocks.index_select(0, table.flatten())  # (B * width, Hkv, block_size, D): a copy
+            x = x.view(B, width, pool.num_kv_heads, size, pool.head_dim)  # (B, width, Hkv, block_size, D)
+            x = x.transpose(1, 2).reshape(B, pool.num_kv_heads, width * size, pool.head_dim)  # (B, Hkv, width * block_size, D)
+            x = x[:, :, :S]  # (B, Hkv, S, D)
+            for i, n in enumerate(lengths):
+                x[i, :, n:] = 0  # zeros past each sequence's end (stale or padding blocks), masked out anyway
+            out.append(x)
+        return out[0], out[1], mask
+
+    # ------------------------------------------------------------------ accounting
+
+    def _filled(self) -> dict[int, int]:
+        """Positions holding a token, per block in use by this cache's sequences (the most any reader
+        filled: a shared block's tokens are stored once)."""
+        size = self.pool.block_size
+        filled: dict[int, int] = {}
+        for seq_id, table in self._tables.items():
+            length = self._lengths[seq_id]
+            for i, block in enumerate(table):
+                filled[block] = max(filled.get(block, 0), min(size, length - i * size))
+        return filled
+
+    def held_bytes(self) -> int:
+        """Bytes of the blocks this cache's sequences hold (each block once, however many share it)."""
+        return len(self._filled()) * self.pool.bytes_per_block
+
+    def used_bytes(self) -> int:
+        """Bytes of the tokens actually stored in those blocks (a shared token once)."""
+        return sum(self._filled().values()) * self.pool.bytes_per_token
+
+    def waste_bytes(self) -> int:
+        """``held_bytes() - used_bytes()``: the empty positions at the ends of last blocks (internal
+        fragmentation, under ``block_size`` tokens per sequence)."""
+        return self.held_bytes() - self.used_bytes()
+
+
+def _prompt_key(prompt_ids: object) -> tuple[int, ...]:
+    """``prompt_ids`` (ints, or a 1-d integer tensor) as a tuple of ints, non-empty."""
+    if isinstance(prompt_ids, torch.Tensor):
+        if prompt_ids.dim() != 1 or prompt_ids.dtype.is_floating_point or prompt_ids.dtype == torch.bool:
+            raise TypeError(f"prompt_ids must be a 1-d integer tensor, got {shape_str(prompt_ids)} {prompt_ids.dtype}")
+        key = tuple(int(i) for i in prompt_ids.tolist())
+    elif isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
+        raise TypeError(f"prompt_ids must be a sequence of ints or a 1-d tensor, got {type(prompt_ids).__name__}")
+    else:
+        for i in prompt_ids:
+            if isinstance(i, bool) or not isinstance(i, int):
+                raise TypeError(f"prompt_ids must hold ints, got {type(i).__name__} {i!r}")
+        key = tuple(prompt_ids)
+    if not key:
+        raise ValueError("prompt_ids is empty: a prompt has at least one token")
+    return key
+
+
+# ----------------------------------------------------------------------------- paged memory, simulated
+
+
+class PagedSimulation(TypedDict):
+    """What :func:`simulate_requests` measured, in token positions (times
+    :func:`kv_cache_bytes_per_token` for bytes). "held": the positions of the blocks in use; "used": the
+    tokens stored in them; "preallocated": ``max_len`` positions per running request, as a
+    :class:`StaticKVCache` per request reserves. Means are over the decoding steps."""
+
+    num_requests: int
+    batch_size: int
+    block_size: int
+    max_len: int
+    steps: int                       # decoding steps until the last request finished
+    mean_running: float              # requests being decoded, on average
+    peak_held: int                   # most positions held at any step (paged, no sharing)
+    mean_held: float
+    mean_used: float                 # tokens stored, on average
+    peak_preallocated: int
+    mean_preallocated: float
+    waste_fraction: float            # (mean_held - mean_used) / mean_held: empty ends of last blocks
+    waste_per_request: float         # the same, in positions per running request: about (block_size - 1) / 2
+    shared_requests: int             # requests whose prompt was already cached by a live request
+    peak_held_shared: int            # the same stream with prompt sharing
+    mean_held_shared: float
+    saved_blocks_peak: int           # (peak_held - peak_held_shared) / block_size
+    saved_blocks_mean: float
+    copies: int                      # copy-on-write copies of a shared, partly filled last prompt block
+
+
+def _check_range(name: str, value: object) -> tuple[int, int]:
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name} must be a (low, high) pair of ints, got {type(value).__name__} {value!r}")
+    low, high = check_int(f"{name}[0]", value[0], 1), check_int(f"{name}[1]", value[1], 1)
+    if low > high:
+        raise ValueError(f"{name} must have low <= high, got {value!r}")
+    return low, high
+
+
+def _play(starts: list[int], prompts: list[int], outputs: list[int], common: list[bool], shared_prompt_len: int,
+          block_size: int, max_len: int, batch_size: int, share: bool) -> tuple[int, float, int, int]:
+    """Play the requests' allocations through a :class:`PagedKVCache` (no keys or values written). Request r
+    runs steps ``starts[r] .. starts[r] + outputs[r] - 1``, holding ``prompts[r] + j`` tokens at its j-th
+    step, and is freed at step ``starts[r] + outputs[r]`` (before that step's allocations). Blocks change
+    only when a request starts (its prompt), writes into a new block, or copies a shared block, so those
+    are the only events; each grows the request up to the end of its current block. Returns the peak and
+    the mean number of blocks in use over the steps, the shared requests and the copies."""
+    import heapq
+
+    per_request = -(-max_len // block_size) + 1
+    pool = BlockPool(batch_size * per_request, block_size, 1, 1)  # keys and values of one number: allocation only
+    cache = PagedKVCache(pool)
+    prompt_key = tuple(range(shared_prompt_len))  # the common prompt's token ids (any ids: only equality counts)
+    events: list[tuple[int, int, int]] = []  # (step, kind 0 free / 1 start / 2 grow, request)
+    for r, s in enumerate(starts):
+        heapq.heappush(events, (s, 1, r))
+        heapq.heappush(events, (s + outputs[r], 0, r))
+    shared = 0
+    peak, area, last_step, held = 0, 0, 0, 0
+    while events:
+        step, kind, r = heapq.heappop(events)
+        if step != last_step:
+            area += held * (step - last_step)
+            last_step = step
+        p, final = prompts[r], prompts[r] + outputs[r] - 1
+        if kind == 0:
+            cache.free(r)
+        elif kind == 1:
+            cached = cache.add_sequence(r, prompt_key if share and common[r] else None)
+            shared += cached > 0
+            if cached < p:
+                cache._reserve(r, p - cached)
+            if final > p:
+                heapq.heappush(events, (step + 1, 2, r))
+        else:
+            true_len = p + step - starts[r]
+            target = min(-(-true_len // block_size) * block_size, final)  # up to the end of its current block
+            cache._reserve(r, target - cache.length(r))
+            if target < final:
+                heapq.heappush(events, (starts[r] + target + 1 - p, 2, r))
+        held = pool.num_used
+        peak = max(peak, held)
+    steps = last_step
+    return peak, area / steps, shared, cache.num_copies
+
+
+def simulate_requests(num_requests: int = 400, *, prompt_len_range: tuple[int, int] = (16, 512),
+                      output_len_range: tuple[int, int] = (16, 512), block_size: int = 16, max_len: int = 1024,
+                      batch_size: int = 32, share_fraction: float = 0.25, shared_prompt_len: int = 200,
+                      seed: int = 0) -> PagedSimulation:
+    """Play a stream of ``num_requests`` requests through a paged cache (allocation only, no attention) and
+    compare the memory it holds with preallocating ``max_len`` positions per request.
+
+    Request r draws (``random.Random(seed)``, uniform, bounds included) a prompt length from
+    ``prompt_len_range`` and an output length from ``output_len_range``; a share ``share_fraction`` of them
+    use one common prompt of ``shared_prompt_len`` tokens instead of their own. ``batch_size`` requests
+    are decoded together (continuous batching: a finished request's slot goes to the next one in the
+    stream at once). At its start step a request stores its prompt; each step after that one more token;
+    it is freed after writing ``prompt + output - 1`` tokens (the last output token is not cached).
+
+    The stream is played twice through :class:`BlockPool` and :class:`PagedKVCache`: without sharing
+    (held memory, and the waste inside last blocks), and with the common prompt shared through
+    ``add_sequence(prompt_ids=...)`` (blocks saved; copy-on-write copies). Deterministic for a seed; the
+    lengths drawn do not depend on ``block_size``, so a table over block sizes compares one stream.
+    ``ValueError`` when ``max_len`` is shorter than the longest request."""
+    import heapq
+    import random
+
+    num_requests = check_int("num_requests", num_requests, 1)
+    prompt_low, prompt_high = _check_range("prompt_len_range", prompt_len_range)
+    output_low, output_high = _check_range("output_len_range", output_len_range)
+    block_size = check_int("block_size", block_size, 1)
+    batch_size = check_int("batch_size", batch_size, 1)
+    shared_prompt_len = check_int("shared_prompt_len", shared_prompt_len, 1)
+    seed = check_int("seed", seed, None)
+    if isinstance(share_fraction, bool) or not isinstance(share_fraction, (int, float)):
+        raise TypeError(f"share_fraction must be a float in [0, 1], got {type(share_fraction).__name__} "
+                        f"{share_fraction!r}")
+    if not 0.0 <= share_fraction <= 1.0:
+        raise ValueError(f"share_fraction must be in [0, 1], got {share_fraction!r}")
+    longest_prompt = max(prompt_high, shared_prompt_len) if share_fraction > 0 else prompt_high
+    max_len = check_int("max_len", max_len, 1)
+    if longest_prompt + output_high - 1 > max_len:
+        raise ValueError(f"max_len={max_len} is shorter than the longest request: a prompt of {longest_prompt} "
+                         f"and {output_high} output tokens cache {longest_prompt + output_high - 1}")
+    rng = random.Random(seed)
+    prompts, outputs, common = [], [], []
+    for _ in range(num_requests):
+        is_common = rng.random() < share_fraction
+        p, o = rng.randint(prompt_low, prompt_high), rng.randint(output_low, output_high)
+        prompts.append(shared_prompt_len if is_common else p)
+        outputs.append(o)
+        common.append(is_common)
+    slots = [0] * min(batch_size, num_requests)  # the step at which each slot is free again
+    starts = []
+    for o in outputs:
+        start = heapq.heappop(slots)
+        starts.append(start)
+        heapq.heappush(slots, start + o)
+    stream = (starts, prompts, outputs, common, shared_prompt_len, block_size, max_len, batch_size)
+    peak, mean, _, _ = _play(*stream, share=False)
+    if any(common):
+        peak_s, mean_s, shared, copies = _play(*stream, share=True)
+    else:
+        peak_s, mean_s, shared, copies = peak, mean, 0, 0
+    steps = max(s + o for s, o in zip(starts, outputs))
+    running = sum(outputs) / steps
+    used = sum(o * p + o * (o - 1) / 2 for p, o in zip(prompts, outputs)) / steps  # sum over steps of p + j
+    held = mean * block_size
+    return PagedSimulation(
+        num_requests=num_requests, batch_size=batch_size, block_size=block_size, max_len=max_len, steps=steps,
+        mean_running=running, peak_held=peak * block_size, mean_held=held, mean_used=used,
+        peak_preallocated=len(slots) * max_len, mean_preallocated=running * max_len,
+        waste_fraction=(held - used) / held, waste_per_request=(held - used) / running,
+        shared_requests=shared, peak_held_shared=peak_s * block_size, mean_held_shared=mean_s * block_size,
+        saved_blocks_peak=peak - peak_s, saved_blocks_mean=mean - mean_s, copies=copies)
