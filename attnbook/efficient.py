@@ -54,7 +54,7 @@ import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -1468,6 +1468,30 @@ def _per_step(name: str, x: float | torch.Tensor, B: int, H: int, T: int, like: 
         raise ValueError(f"{name} must be in [{low}, {high}] ({what}), got values from {t.min().item()} "
                          f"to {t.max().item()}")
     return t
+
+
+@overload
+def delta_rule_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float | torch.Tensor, *,
+    gate: float | torch.Tensor | None = ..., method: str = ..., chunk_size: int = ..., scale: float | None = ...,
+    use_qk_l2norm: bool = ..., initial_state: torch.Tensor | None = ..., output_final_state: Literal[False] = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def delta_rule_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float | torch.Tensor, *,
+    gate: float | torch.Tensor | None = ..., method: str = ..., chunk_size: int = ..., scale: float | None = ...,
+    use_qk_l2norm: bool = ..., initial_state: torch.Tensor | None = ..., output_final_state: Literal[True],
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def delta_rule_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float | torch.Tensor, *,
+    gate: float | torch.Tensor | None = ..., method: str = ..., chunk_size: int = ..., scale: float | None = ...,
+    use_qk_l2norm: bool = ..., initial_state: torch.Tensor | None = ..., output_final_state: bool = ...,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def delta_rule_attention(
