@@ -1510,8 +1510,9 @@ def delta_rule_attention(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Causal linear attention whose fixed-size memory overwrites: the delta rule (DeltaNet, Schlag et al.,
     2021; chunkwise training, Yang et al., 2024), and with ``gate`` the gated delta rule (Gated DeltaNet,
-    Yang et al., 2025; the linear layers of Qwen3-Next and Kimi Linear). T == S. Per step t, with the state
-    S a (D, Dv) matrix per head, as in :func:`decayed_linear_attention`::
+    Yang et al., 2025; the linear layers of Qwen3-Next; Kimi Linear's KDA gives each key channel its own
+    decay, a finer gate than this one per head and step). T == S. Per step t, with the state S a (D, Dv)
+    matrix per head, as in :func:`decayed_linear_attention`::
 
         S' = alpha_t S_{t-1}                              decay (alpha_t = 1 without a gate)
         u_t = beta_t (v_t - S'^T k_t)                     what S' misses of v_t, times the write strength
@@ -1641,6 +1642,11 @@ def delta_rule_attention(
     # unbind once: indexing chunk c inside the loop would make autograd zero-fill a full-size gradient per use
     per_chunk = zip(w_v.unbind(2), w_k.unbind(2), q_in.unbind(2), scores.unbind(2), k_out.unbind(2))
     for c, (w_v_c, w_k_c, q_in_c, scores_c, k_out_c) in enumerate(per_chunk):
+        if c == 0 and initial_state is None:  # an empty state: nothing to read or to correct for
+            u = w_v_c  # (B, H, Cs, Dv)
+            outs.append(torch.matmul(scores_c, u))  # (B, H, Cs, Dv)
+            state = torch.matmul(k_out_c, u)  # (B, H, D, Dv)
+            continue
         u = w_v_c - torch.matmul(w_k_c, state)  # (B, H, Cs, Dv) the chunk's corrections
         outs.append(torch.matmul(q_in_c, state) + torch.matmul(scores_c, u))  # (B, H, Cs, Dv)
         if chunk_decay is not None:
