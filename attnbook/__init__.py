@@ -14,7 +14,7 @@ below, or a subpackage's ``__init__`` for the names it lists):
   decoding step over them), ``positional`` (sinusoidal, learned, T5 relative,
   RoPE, ALiBi), ``layers`` (Transformer encoder/decoder layers equal to
   PyTorch's), ``efficient`` (sliding window, block sparse, linear, Performer,
-  LSH, flash and decayed linear attention, and the registry of variants with
+  LSH, flash and decayed linear attention, the delta rule, and the registry of variants with
   the pairs each one scores and their measured costs), ``latent`` (multi-head
   latent attention, DeepSeek-V2/V3: the latent cache and absorbed decoding),
   ``configs`` (the attention of six published models' configs, and their KV
@@ -29,7 +29,9 @@ below, or a subpackage's ``__init__`` for the names it lists):
   (``pretrained.files``: finding and verifying all-MiniLM-L6-v2's files;
   ``pretrained.model``: the model rebuilt from attnbook's modules), ``vision``
   (patches, a small Vision Transformer, attention rollout, a decoder that
-  spells a digit's name; scikit-learn's digits);
+  spells a digit's name; scikit-learn's digits), ``recall`` (associative
+  recall: the task, a one-layer model with softmax, linear or delta-rule
+  attention, and its accuracies over seeds);
 * around them: ``measure`` (timing, memory, cost curves, kernel dispatch,
   where a number was measured), ``plotting`` (heatmaps, head grids and
   mosaics, log-scale bars), ``exercises`` (self-checking exercises),
@@ -119,7 +121,7 @@ __all__ = [
 # `attnbook.explorers.saturation_explorer()` works after a plain `import attnbook`.
 _LAZY = {"core", "mha", "positional", "kvcache", "layers", "efficient", "tasks", "train", "pretrained", "measure",
          "plotting", "exercises", "explorers", "testing", "vision", "latent",
-         "configs", "llm_attention", "llm_experiments"}
+         "configs", "llm_attention", "llm_experiments", "recall"}
 
 
 def __getattr__(name: str) -> Any:

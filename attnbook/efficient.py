@@ -30,10 +30,12 @@ Two families live here:
 * **approximations** change the attention itself: :func:`linear_attention`
   (a positive feature map instead of exp), :func:`performer_attention`
   (random features whose dot product estimates exp), :func:`lsh_attention`
-  (each query only sees keys hashed near it), and :func:`decayed_linear_attention`
+  (each query only sees keys hashed near it), :func:`decayed_linear_attention`
   (causal linear attention whose state fades by a factor gamma per step: RetNet's
-  retention, an RNN and a state-space model at once; causal only, so it is not in
-  the registry, whose variants all run without a mask too).
+  retention, an RNN and a state-space model at once) and :func:`delta_rule_attention`
+  (a fixed-size state that overwrites instead of adding: DeltaNet, and with a decay
+  gate Gated DeltaNet); both causal only, so they are not in the registry, whose
+  variants all run without a mask too.
 
 The registry, :data:`REGISTRY`, names every variant with the two references
 (``"exact"`` and ``"pytorch"``) and says what each is (exact or not, whether
@@ -52,7 +54,7 @@ import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -103,6 +105,10 @@ __all__ = [
     "make_inputs",
     "decayed_linear_attention",
     "DECAYED_METHODS",
+    "delta_rule_attention",
+    "delta_rule_inputs",
+    "delta_rule_costs",
+    "DELTA_METHODS",
 ]
 
 
@@ -1436,3 +1442,261 @@ def decayed_linear_attention(
         out_of = torch.exp(log_g * (Cs - 1 - r)[:, None])  # (1, H, Cs, 1) gamma^(Cs-1-j): key j at chunk end
         state = torch.exp(log_g * Cs) * state + torch.matmul((fk_c * out_of).transpose(-2, -1), v_c)
     return torch.cat(outs, dim=2)  # (B, H, T, Dv)
+
+
+# ----------------------------------------------------------------------------- the delta rule
+
+
+DELTA_METHODS = ("chunkwise", "recurrent")
+
+
+def _per_step(name: str, x: float | torch.Tensor, B: int, H: int, T: int, like: torch.Tensor, low: float,
+              high: float, what: str) -> torch.Tensor:
+    """``x`` (a float, or a tensor that broadcasts to (B, H, T)) as a (B, H, T) tensor of like's dtype and
+    device, every value in [low, high]."""
+    if isinstance(x, bool) or not isinstance(x, (float, int, torch.Tensor)):
+        raise TypeError(f"{name} must be a float or a (B, H, T) tensor, got {type(x).__name__} {x!r}")
+    if isinstance(x, torch.Tensor) and not x.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    t = torch.as_tensor(x, dtype=like.dtype, device=like.device)
+    try:
+        t = torch.broadcast_to(t, (B, H, T))  # (B, H, T)
+    except RuntimeError:
+        raise ValueError(f"{name} must be a float or broadcast to (B, H, T) = ({B}, {H}, {T}), "
+                         f"got shape {shape_str(t)}") from None
+    if not bool(((t >= low) & (t <= high)).all()):
+        raise ValueError(f"{name} must be in [{low}, {high}] ({what}), got values from {t.min().item()} "
+                         f"to {t.max().item()}")
+    return t
+
+
+@overload
+def delta_rule_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float | torch.Tensor, *,
+    gate: float | torch.Tensor | None = ..., method: str = ..., chunk_size: int = ..., scale: float | None = ...,
+    use_qk_l2norm: bool = ..., initial_state: torch.Tensor | None = ..., output_final_state: Literal[False] = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def delta_rule_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float | torch.Tensor, *,
+    gate: float | torch.Tensor | None = ..., method: str = ..., chunk_size: int = ..., scale: float | None = ...,
+    use_qk_l2norm: bool = ..., initial_state: torch.Tensor | None = ..., output_final_state: Literal[True],
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def delta_rule_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float | torch.Tensor, *,
+    gate: float | torch.Tensor | None = ..., method: str = ..., chunk_size: int = ..., scale: float | None = ...,
+    use_qk_l2norm: bool = ..., initial_state: torch.Tensor | None = ..., output_final_state: bool = ...,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def delta_rule_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: float | torch.Tensor,
+    *,
+    gate: float | torch.Tensor | None = None,
+    method: str = "chunkwise",
+    chunk_size: int = 64,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Causal linear attention whose fixed-size memory overwrites: the delta rule (DeltaNet, Schlag et al.,
+    2021; chunkwise training, Yang et al., 2024), and with ``gate`` the gated delta rule (Gated DeltaNet,
+    Yang et al., 2025; the linear layers of Qwen3-Next; Kimi Linear's KDA gives each key channel its own
+    decay, a finer gate than this one per head and step). T == S. Per step t, with the state S a (D, Dv)
+    matrix per head, as in :func:`decayed_linear_attention`::
+
+        S' = alpha_t S_{t-1}                              decay (alpha_t = 1 without a gate)
+        u_t = beta_t (v_t - S'^T k_t)                     what S' misses of v_t, times the write strength
+        S_t = S' + k_t u_t^T                              write only that correction
+        out_t = S_t^T (scale q_t)
+
+    Plain linear attention adds k_t v_t^T whatever the state already holds for k_t; the delta rule first
+    reads what it holds (S'^T k_t) and writes the difference. With a unit key and ``beta_t = 1``, reading
+    k_t afterwards gives exactly v_t: the old value is overwritten, not mixed in. In matrix form
+    S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, a step of gradient descent on
+    |S^T k_t - v_t|^2 / 2 with learning rate beta_t.
+
+    Args:
+        q, k: ``(B, H, T, D)``; v: ``(B, H, T, Dv)``. The update is stable for unit keys: normalise them
+            (and the queries) first, or pass ``use_qk_l2norm=True``, which does both (Qwen3-Next calls its
+            kernels with ``use_qk_l2norm_in_kernel=True``).
+        beta: the write strength, a float or a tensor broadcasting to ``(B, H, T)``, in [0, 2]. Models
+            make it ``sigmoid(...)``, in (0, 1) (DeltaNet, Qwen3-Next); 0 writes nothing (a pure read);
+            up to 2 the step ``I - beta k k^T`` still does not grow a unit key's direction (its eigenvalue
+            ``1 - beta`` is in [-1, 1]; Grazzi et al., 2025, train with beta in (0, 2)).
+        gate: the decay alpha_t, a float or a tensor broadcasting to ``(B, H, T)``, in [0, 1]; ``None``: no
+            decay. Qwen3-Next's ``g`` is its log (``g = -exp(A_log) * softplus(a + dt_bias)``): pass
+            ``gate=g.exp()``. 0 forgets everything (taken as the smallest positive float of the dtype).
+        method: ``"recurrent"`` (the loop above, one position at a time: what a decoder runs per token) or
+            ``"chunkwise"`` (default): ``chunk_size`` positions at a time. Inside a chunk the writes u_r
+            depend on each other only through a unit lower-triangular system (the WY/UT representation),
+            solved for all chunks at once; the loop then takes one step per chunk.
+        scale: queries are multiplied by it; default ``1 / sqrt(D)``, as Qwen3-Next (after the l2 norm).
+        initial_state: the state before position 0, ``(B, H, D, Dv)``; default zeros.
+        output_final_state: also return the state after the last position.
+
+    Returns:
+        the output ``(B, H, T, Dv)``, and with ``output_final_state=True`` the tuple (output, final state
+        ``(B, H, D, Dv)``).
+
+    The chunkwise form, for one chunk of positions r = 0 .. Cs-1 entered with state S_0, where
+    gamma_r = alpha_0 ... alpha_r (the decay from the chunk's start) and gamma_r / gamma_j the decay from j
+    to r: unrolling the recurrence gives
+    u_r = beta_r v_r - beta_r gamma_r S_0^T k_r - sum_{j<r} beta_r (gamma_r / gamma_j) (k_r . k_j) u_j, i.e.
+    (I + A) U = diag(beta) V - diag(beta gamma) K S_0 with A strictly lower triangular, A_rj =
+    beta_r (gamma_r / gamma_j) k_r . k_j. So U = W_v - W_k S_0 with W_v = (I + A)^-1 diag(beta) V and
+    W_k = (I + A)^-1 diag(beta gamma) K, which need no S_0: one triangular solve per chunk, all chunks in
+    parallel. Then, chunk after chunk: U = W_v - W_k S_0; out_r = gamma_r S_0^T q_r +
+    sum_{j<=r} (gamma_r / gamma_j)(q_r . k_j) u_j; S_0 <- gamma_last S_0 + sum_j (gamma_last / gamma_j) k_j u_j^T.
+    O(T Cs (D + Dv) + T D Dv) time, a Python loop of T / Cs steps instead of T. A T that is not a multiple
+    of ``chunk_size`` is padded with steps that write nothing (beta = 0) and do not decay (alpha = 1).
+    """
+    B, H, T, S, D = _check_bhtd(q, k, v)
+    _check_causal_lengths("delta_rule_attention", q, k, True)
+    if method not in DELTA_METHODS:
+        raise ValueError(f"method must be one of {DELTA_METHODS}, got {method!r}")
+    chunk_size = check_int("chunk_size", chunk_size, 1)
+    scale = check_scale(scale, D)
+    if not isinstance(use_qk_l2norm, bool):
+        raise TypeError(f"use_qk_l2norm must be a bool, got {type(use_qk_l2norm).__name__}")
+    Dv = v.shape[-1]
+    b = _per_step("beta", beta, B, H, T, q, 0.0, 2.0, "the write strength")  # (B, H, T)
+    if gate is None:
+        log_a = q.new_zeros(B, H, T)  # (B, H, T) log alpha = 0: no decay
+    else:
+        a = _per_step("gate", gate, B, H, T, q, 0.0, 1.0, "the decay alpha")  # (B, H, T)
+        log_a = torch.log(a.clamp_min(torch.finfo(q.dtype).tiny))  # (B, H, T), finite
+    if initial_state is None:
+        state = q.new_zeros(B, H, D, Dv)  # (B, H, D, Dv)
+    else:
+        if not isinstance(initial_state, torch.Tensor):
+            raise TypeError(f"initial_state must be a torch.Tensor or None, got {type(initial_state).__name__}")
+        if initial_state.shape != (B, H, D, Dv):
+            raise ValueError(f"initial_state must be (B, H, D, Dv) = ({B}, {H}, {D}, {Dv}), "
+                             f"got shape {shape_str(initial_state)}")
+        if initial_state.dtype != q.dtype:
+            raise TypeError(f"initial_state must have q's dtype {q.dtype}, got {initial_state.dtype}")
+        state = initial_state
+    if use_qk_l2norm:
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)  # (B, H, T, D) unit rows
+    q = q * scale  # (B, H, T, D)
+
+    if method == "recurrent":
+        alpha = log_a.exp()[..., None, None]  # (B, H, T, 1, 1)
+        outs = []
+        # one position at a time; unbind once (indexing step t would make autograd zero-fill a full gradient)
+        steps = zip(q[:, :, :, None].unbind(2), k[:, :, :, None].unbind(2), v[:, :, :, None].unbind(2),
+                    alpha.unbind(2), b[..., None, None].unbind(2))
+        for q_t, k_t, v_t, alpha_t, beta_t in steps:  # (B, H, 1, D), (B, H, 1, D), (B, H, 1, Dv), (B, H, 1, 1) x2
+            state = alpha_t * state  # (B, H, D, Dv)
+            read = torch.matmul(k_t, state)  # (B, H, 1, Dv) what the state holds for k_t
+            u = beta_t * (v_t - read)  # (B, H, 1, Dv) the correction
+            state = state + k_t.transpose(-2, -1) * u  # (B, H, D, Dv) rank-one write
+            outs.append(torch.matmul(q_t, state))  # (B, H, 1, Dv)
+        out = torch.cat(outs, dim=2)  # (B, H, T, Dv)
+        return (out, state) if output_final_state else out
+
+    Cs = min(chunk_size, T)
+    nc = -(-T // Cs)  # number of chunks
+    pad = nc * Cs - T
+    # padding steps: zero q, k, v, beta = 0 (no write) and log alpha = 0 (no decay)
+    qc = F.pad(q, (0, 0, 0, pad)).view(B, H, nc, Cs, D)  # (B, H, nc, Cs, D)
+    kc = F.pad(k, (0, 0, 0, pad)).view(B, H, nc, Cs, D)  # (B, H, nc, Cs, D)
+    vc = F.pad(v, (0, 0, 0, pad)).view(B, H, nc, Cs, Dv)  # (B, H, nc, Cs, Dv)
+    bc = F.pad(b, (0, pad)).view(B, H, nc, Cs, 1)  # (B, H, nc, Cs, 1)
+    kb = kc * bc  # (B, H, nc, Cs, D) beta_r k_r
+    kk = torch.matmul(kb, kc.transpose(-2, -1))  # (B, H, nc, Cs, Cs) beta_r k_r . k_j
+    qk = torch.matmul(qc, kc.transpose(-2, -1))  # (B, H, nc, Cs, Cs) q_r . k_j
+    if gate is None:  # gamma = 1 everywhere
+        lower = kk  # only its strict lower triangle is read (unitriangular solve)
+        scores = qk.tril()  # (B, H, nc, Cs, Cs) j <= r
+        kg, q_in, k_out, chunk_decay = kb, qc, kc.transpose(-2, -1), None  # k_out (B, H, nc, D, Cs)
+    else:
+        cum = F.pad(log_a, (0, pad)).view(B, H, nc, Cs).cumsum(dim=-1)  # (B, H, nc, Cs) log gamma_r
+        causal = torch.ones(Cs, Cs, dtype=torch.bool, device=q.device).tril()  # (Cs, Cs) j <= r
+        log_ratio = cum[..., :, None] - cum[..., None, :]  # (B, H, nc, Cs, Cs) log(gamma_r / gamma_j)
+        decay = log_ratio.masked_fill(~causal, -math.inf).exp()  # (B, H, nc, Cs, Cs), 0 above the diagonal
+        gamma = cum.exp()[..., None]  # (B, H, nc, Cs, 1) gamma_r <= 1
+        lower = kk * decay  # (B, H, nc, Cs, Cs)
+        scores = qk * decay  # (B, H, nc, Cs, Cs) (gamma_r / gamma_j) q_r . k_j
+        kg = kb * gamma  # (B, H, nc, Cs, D) beta_r gamma_r k_r
+        q_in = qc * gamma  # (B, H, nc, Cs, D) reads the carried state, decayed to r
+        to_end = (cum[..., -1:] - cum).exp()[..., None]  # (B, H, nc, Cs, 1) gamma_last / gamma_j <= 1
+        k_out = (kc * to_end).transpose(-2, -1)  # (B, H, nc, D, Cs) writes, decayed to the chunk's end
+        chunk_decay = cum[..., -1].exp()[..., None, None]  # (B, H, nc, 1, 1) gamma_last
+    # (I + A)^-1 [diag(beta) V | diag(beta gamma) K], A the strict lower triangle of `lower`
+    w = torch.linalg.solve_triangular(lower, torch.cat([vc * bc, kg], dim=-1), upper=False,
+                                      unitriangular=True)  # (B, H, nc, Cs, Dv + D)
+    w_v, w_k = w.split([Dv, D], dim=-1)  # (B, H, nc, Cs, Dv), (B, H, nc, Cs, D)
+
+    outs = []
+    # unbind once: indexing chunk c inside the loop would make autograd zero-fill a full-size gradient per use
+    per_chunk = zip(w_v.unbind(2), w_k.unbind(2), q_in.unbind(2), scores.unbind(2), k_out.unbind(2))
+    for c, (w_v_c, w_k_c, q_in_c, scores_c, k_out_c) in enumerate(per_chunk):
+        if c == 0 and initial_state is None:  # an empty state: nothing to read or to correct for
+            u = w_v_c  # (B, H, Cs, Dv)
+            outs.append(torch.matmul(scores_c, u))  # (B, H, Cs, Dv)
+            state = torch.matmul(k_out_c, u)  # (B, H, D, Dv)
+            continue
+        u = w_v_c - torch.matmul(w_k_c, state)  # (B, H, Cs, Dv) the chunk's corrections
+        outs.append(torch.matmul(q_in_c, state) + torch.matmul(scores_c, u))  # (B, H, Cs, Dv)
+        if chunk_decay is not None:
+            state = chunk_decay[:, :, c] * state  # (B, H, D, Dv)
+        state = state + torch.matmul(k_out_c, u)  # (B, H, D, Dv)
+    out = torch.cat(outs, dim=2)[:, :, :T]  # (B, H, T, Dv)
+    return (out, state) if output_final_state else out
+
+
+def delta_rule_inputs(seq_len: int, *, batch_size: int = 1, num_heads: int = 2, head_dim: int = 32, seed: int = 0,
+                      dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The inputs of :func:`delta_rule_attention` as a gated delta layer makes them, for timing and tests:
+    ``{"q", "k", "v"}`` from :func:`make_inputs` (``(B, H, T, D)``), ``"beta"`` = sigmoid of a normal
+    ``(B, H, T)`` and ``"gate"`` = exp(-softplus of a normal), in (0, 1), ``(B, H, T)``, all from a generator
+    seeded with ``seed``. Unnormalised q, k: call with ``use_qk_l2norm=True``."""
+    q, k, v = make_inputs(seq_len, batch_size=batch_size, num_heads=num_heads, head_dim=head_dim, seed=seed,
+                          dtype=dtype)
+    g = torch.Generator().manual_seed(seed + 1)
+    beta = torch.randn(batch_size, num_heads, seq_len, generator=g, dtype=q.dtype).sigmoid()  # (B, H, T)
+    gate = torch.exp(-F.softplus(torch.randn(batch_size, num_heads, seq_len, generator=g, dtype=q.dtype)))  # (B, H, T)
+    return {"q": q, "k": k, "v": v, "beta": beta, "gate": gate}
+
+
+def delta_rule_costs(
+    t_values: Sequence[int] = (256, 512, 1024, 2048, 4096),
+    *,
+    methods: Sequence[str] = DELTA_METHODS,
+    chunk_size: int = 64,
+    rounds: int = 3,
+    threads: int | None = 1,
+    batch_size: int = 1,
+    num_heads: int = 2,
+    head_dim: int = 32,
+    seed: int = 0,
+) -> dict[tuple[str, int], float]:
+    """Seconds per call of :func:`delta_rule_attention` (gated, ``use_qk_l2norm=True``) by each of
+    ``methods`` at each T, on :func:`delta_rule_inputs`: ``{(method, T): seconds}``, the fastest of
+    ``rounds`` interleaved rounds (:func:`attnbook.measure.time_calls` through
+    :func:`attnbook.measure.cost_curves`), with ``threads`` torch threads (default 1; ``None`` keeps the
+    current setting; restored afterwards)."""
+    for m in methods:
+        if m not in DELTA_METHODS:
+            raise ValueError(f"methods must be among {DELTA_METHODS}, got {m!r}")
+    check_int("chunk_size", chunk_size, 1)
+
+    def calls_at(T: int) -> dict[tuple[str, int], Callable[[], object]]:
+        x = delta_rule_inputs(check_int("T", T), batch_size=batch_size, num_heads=num_heads, head_dim=head_dim,
+                              seed=seed)
+        return {(m, T): functools.partial(delta_rule_attention, x["q"], x["k"], x["v"], x["beta"], gate=x["gate"],
+                                          method=m, chunk_size=chunk_size, use_qk_l2norm=True) for m in methods}
+
+    curves = cost_curves(calls_at, t_values, rounds=rounds, memory=False, threads=threads)
+    return {key: entry["time_s"] for key, entry in curves.items()}
