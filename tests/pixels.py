@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 from PIL import Image
 
 from attnbook.explorers.base import Explorer, figure_png
@@ -143,3 +144,19 @@ def assert_texts_fit(fig: Figure, where: str = "") -> None:
             if dx > 1 and dy > 1:
                 problems.append(f"{t.get_text()!r} overlaps {u.get_text()!r} ({dx:.0f} x {dy:.0f} px)")
     assert not problems, f"{where}: " + "; ".join(problems[:8])
+
+
+def assert_frame_readable(fig: Figure, where: str = "", *, pixels: bool = False, max_width: int = 700) -> None:
+    """One explorer frame as a reader sees it: a PNG, every text inside the figure and apart from the others,
+    none under 9 pt (9 px at the figures' 72 dpi); with ``pixels`` (slow: decodes the PNG) also something
+    drawn, the whole figure at its own size, and no wider than the book's column."""
+    png = figure_png(fig)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    if pixels:
+        px = assert_shows_something(png)
+        assert px.shape[:2] == fig.canvas.get_width_height()[::-1], where  # the whole figure, at its own size
+        assert px.shape[1] <= max_width, where  # fits the book's column at its natural size
+    assert_texts_fit(fig, where)
+    small = [(t.get_text(), t.get_fontsize()) for t in fig.findobj(Text)
+             if t.get_visible() and t.get_text().strip() and t.get_fontsize() < 9]
+    assert not small, (where, small)
