@@ -4,14 +4,15 @@
     python3 tools/dev.py test                  # install what is needed, run every check (what CI runs)
     python3 tools/dev.py test --fast           # ruff, mypy and the unit tests, without the slow and browser ones
     python3 tools/dev.py test -- -k masks      # everything after -- goes to pytest
+    python3 tools/dev.py transformers-legs     # A2 and chapter 10 executed under older transformers (4.57, 5.23)
     python3 tools/dev.py nbval [--perturb P] [chapters ...]
                                                # nbval strict over chapters, in the normal numerical environment
                                                # or a perturbed one (P: mkl, aten, threads, combined, all)
 
 Both create (or reuse) a virtual environment in .venv and install requirements.txt into it; a stamp file
 skips the install while requirements.txt and pyproject.toml are unchanged. Needs Python >= 3.10 with pip and
-venv. Chromium (for the browser tests) and the ipywidgets 7 target are best effort: without them the
-commands go on and those tests skip with a message, except under CI=true, where they fail.
+venv. Chromium (for the browser tests), the ipywidgets 7 target and the older transformers are best effort:
+without them the commands go on and those tests skip with a message, except under CI=true, where they fail.
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / ("python.exe" if os.name == "nt" else "python")
 W7 = ROOT / ".venv-ipywidgets7"  # ipywidgets 7.7.1 (Colab's version), shadowing 8 for one test run
+# Older transformers that learners have (Colab ships its own), each in a side folder shadowing the pinned 5.24
+# for one test run, installed without dependencies. 5.23 imports with the pinned tokenizers and huggingface_hub;
+# no 4.x does (4.57 wants huggingface_hub < 1.0 and tokenizers <= 0.23.0), so its leg brings its contemporaries.
+OLD_TRANSFORMERS = {
+    "4.57.6": ["transformers==4.57.6", "tokenizers==0.22.2", "huggingface_hub==0.36.2"],
+    "5.23.0": ["transformers==5.23.0"],
+}
 CHROMIUM = os.environ.get("ATTNBOOK_CHROMIUM", "/usr/bin/chromium")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -87,6 +95,41 @@ def ensure_ipywidgets7() -> Path | None:
             return None
         marker.write_text("ok")
     return W7
+
+
+def ensure_old_transformers(version: str) -> Path | None:
+    """transformers `version` (and what OLD_TRANSFORMERS lists with it) in a side folder, best effort."""
+    folder = ROOT / f".venv-transformers-{version.rsplit('.', 1)[0]}"
+    marker = folder / f"transformers-{version}.marker"
+    if not marker.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+        rc = run(PY, "-m", "pip", "install", "-q", "--no-deps", "--target", folder, *OLD_TRANSFORMERS[version],
+                 check=IN_CI)
+        if rc != 0:
+            print(f"! transformers {version} could not be installed: its leg is skipped")
+            return None
+        marker.write_text("ok")
+    return folder
+
+
+def old_transformers_legs(env: dict) -> None:
+    """A2 and chapter 10 executed top to bottom under each older transformers (tests/test_hf_versions.py)."""
+    for version in OLD_TRANSFORMERS:
+        folder = ensure_old_transformers(version)
+        if folder is None:
+            continue
+        started = time.perf_counter()
+        print(f"\n== A2 and chapter 10 under transformers {version}", flush=True)
+        env_old = {**env, "ATTNBOOK_EXPECT_TRANSFORMERS": version,
+                   "PYTHONPATH": os.pathsep.join([str(folder), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        run(PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_hf_versions.py", "-k",
+            "runs_under_this_transformers", "-rs", env=env_old)
+        print(f"transformers {version}: {time.perf_counter() - started:.0f} s")
+
+
+def transformers_legs(_args) -> None:
+    ensure_venv()
+    old_transformers_legs(_env())
 
 
 def ensure_chromium() -> None:
@@ -172,6 +215,8 @@ def test(args) -> None:
         run(PY, "-m", "pytest", "-q", "tests/test_explorers_base.py", "tests/test_explorers_saturation.py", "tests/test_explorers_heads.py",
             "tests/test_explorers_masks.py", "tests/test_explorers_positions.py",
             "tests/test_vision.py::test_vit_explorer_draws_the_readers_own_digit", env=env7)
+    # 3b. the chapters that call transformers, executed under older versions (what a learner may have)
+    old_transformers_legs(env)
     # 4. everything: unit tests, notebook hygiene, browser tests, nbval strict over every chapter
     run(PY, "-m", "pytest", "tests", "chapters", *NBVAL, "-n", "2", "--dist", "loadfile", "-rs", *passthrough,
         env=env)
@@ -193,6 +238,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="run the perturbed nbval leg once per perturbation instead of once combined")
     t.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: passed to pytest")
     t.set_defaults(func=test)
+    sub.add_parser("transformers-legs", help="A2 and chapter 10 executed under older transformers").set_defaults(
+        func=transformers_legs)
     n = sub.add_parser("nbval", help="nbval strict over chapters, optionally perturbed")
     n.add_argument("--perturb", choices=[*PERTURBATIONS, "combined", "all"],
                    help="which perturbed environment (all: each of the three in turn; combined: all at once)")
