@@ -43,7 +43,7 @@ def test_the_course_scaled_dot_product_attention_holds_every_invariant():
     r = run(attnbook.scaled_dot_product_attention)
     assert r.ok and r.violated == []
     assert r.held == ["sdpa", "weights", "permutation", "causal_leak", "padding", "low_precision", "empty_rows",
-                      "scale", "heads", "deterministic"]
+                      "scale", "heads", "deterministic", "long_keys", "large_logits", "layout", "value_dim"]
     assert set(r.not_applicable) == {"causal_alignment", "cross_attention", "kv_cache", "rope", "alibi"}
     assert r["sdpa"].measured < 1e-10 and r["scale"].measured == 1.0
     assert "values and gradients" in r["sdpa"].detail
@@ -370,7 +370,8 @@ def test_the_report_prints_one_line_per_invariant_with_its_words(capsys):
         if res.status != "n/a":
             assert res.title in printed and res.status in ("held", "violated")
     assert printed.count(" held (") == len(r.held) and printed.count(" violated (") == 1
-    assert "=> 1 of 10 violated: empty_rows" in printed
+    assert "=> 1 of 14 violated: empty_rows" in printed
+    assert printed.count("[convention]") == 2 and "NaN in 2 of 2 empty rows)  [convention]" in printed
     assert isinstance(r, AttentionReport) and not r.ok
     assert printed.startswith("check_attention(fill_inf)")
     assert str(run(fill_inf, name="fill with -inf")).startswith("check_attention(fill with -inf)")
