@@ -20,6 +20,21 @@ where a convention is measured (the scale, the causal alignment, the RoPE
 pairing, the ALiBi slopes), the other checks use the measured one, so that one
 bug lights up the invariant that names it rather than all of them.
 
+Those lines run short sequences (at most nine keys), scores of order one and
+fresh, contiguous tensors. Four more take the checks where real models go:
+``long_keys`` (129, 200 and 257 keys, past and ragged against the tiles of a
+tiled kernel, values and gradients, and a module's cached decoding after 199
+tokens), ``large_logits`` (float32 with scores in the hundreds, where a softmax
+without the row maximum overflows), ``layout`` (non-contiguous views: q, k, v
+transposed from ``(B, T, H, D)`` or sliced from one fused projection, against
+their contiguous copies) and ``value_dim`` (values of another width, Dv != D).
+The first, second and fourth compare with the reference of the first line and
+wait for it: when it is violated they are ``n/a``.
+
+Two lines hold a convention rather than a property of every correct attention
+(:data:`CONVENTIONS`, tagged ``[convention]`` in the report): fully masked rows
+give zeros, and the scale is 1/sqrt(D).
+
 Calling conventions:
 
 * a function is called as ``fn(q, k, v, mask=mask)`` (``fn(q, k, v)`` when there
