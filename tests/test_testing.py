@@ -457,7 +457,7 @@ class SlidingWindow(attnbook.MultiHeadAttention):
 
     def attend(self, q, k, v, mask=None, need_weights=True):
         T, S = q.shape[-2], k.shape[-2]
-        window = masks.sliding_window_mask(T, 64, S)  # (T, S)
+        window = attnbook.sliding_window_mask(T, 64, S)  # (T, S)
         return super().attend(q, k, v, window if mask is None else mask & window, need_weights)
 
 
