@@ -574,6 +574,11 @@ def test_the_new_lines_wait_for_the_first_line():
     assert r["layout"].status == "n/a" and "see deterministic" in r["layout"].detail
     r = run(gqa_repeat, groups=4)
     assert r.violated == ["sdpa", "heads"] and r["long_keys"].status == "n/a"
+    r = run(F.scaled_dot_product_attention)  # takes attn_mask=, not mask=: the masked calls raise
+    assert "sdpa" in r.violated and r["layout"].status == "n/a" and "contiguous inputs too" in r["layout"].detail
+    # a module whose short cached decoding already fails is the cache line's, not the long line's
+    r = run(_module(FlattensWithView))
+    assert r["kv_cache"].violated and "decoding after" not in r["long_keys"].detail
 
 
 def test_fixing_the_declaration_fixes_the_inverted_mask():
