@@ -1196,7 +1196,7 @@ _LONG_CACHED = 200
 # (B, Hkv, T, S, D, Dv, with a mask): values narrower and wider than the queries and keys
 _VALUE_SHAPES = ((2, 2, 5, 5, 8, 3, True), (1, 1, 4, 7, 6, 12, False))
 # the large-logits line: each query row's scores are shifted by an offset drawn from [-LARGE, LARGE] and spread
-# by a factor from 1 to SPREAD; in float32 exp overflows above 88.7 and underflows below -103
+# by a factor from 1 to SPREAD; in float32 exp overflows above 88.7 and underflows to 0 below about -104
 _LARGE = 300.0
 _SPREAD = 30.0
 _LARGE_TOL = 1e-3  # float32 scores of size 300 carry rounding errors of about 1e-5 (see _check_large_logits)
