@@ -6,7 +6,7 @@ Dimension legend:
     Hkv number of key/value heads (H for plain multi-head attention)
     G  query heads per key/value head (H // Hkv)
     T  query length,  S  key/value length
-    D  head dimension
+    D  head dimension,  Dv  value head dimension (D unless values are wider or narrower)
     E  model dimension (``d_model`` = H * D)
 
 :func:`check_attention` takes your attention, a function or an ``nn.Module``,
