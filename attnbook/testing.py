@@ -6,7 +6,7 @@ Dimension legend:
     Hkv number of key/value heads (H for plain multi-head attention)
     G  query heads per key/value head (H // Hkv)
     T  query length,  S  key/value length
-    D  head dimension
+    D  head dimension,  Dv  value head dimension (D unless values are wider or narrower)
     E  model dimension (``d_model`` = H * D)
 
 :func:`check_attention` takes your attention, a function or an ``nn.Module``,
@@ -19,6 +19,21 @@ property (row sums, the scale, the heads, the causal mask, the dtype, ...) and,
 where a convention is measured (the scale, the causal alignment, the RoPE
 pairing, the ALiBi slopes), the other checks use the measured one, so that one
 bug lights up the invariant that names it rather than all of them.
+
+Those lines run short sequences (at most nine keys), scores of order one and
+fresh, contiguous tensors. Four more take the checks where real models go:
+``long_keys`` (129, 200 and 257 keys, past and ragged against the tiles of a
+tiled kernel, values and gradients, and a module's cached decoding after 199
+tokens), ``large_logits`` (float32 with scores in the hundreds, where a softmax
+without the row maximum overflows), ``layout`` (non-contiguous views: q, k, v
+transposed from ``(B, T, H, D)`` or sliced from one fused projection, against
+their contiguous copies) and ``value_dim`` (values of another width, Dv != D).
+The first, second and fourth compare with the reference of the first line and
+wait for it: when it is violated they are ``n/a``.
+
+Two lines hold a convention rather than a property of every correct attention
+(:data:`CONVENTIONS`, tagged ``[convention]`` in the report): fully masked rows
+give zeros, and the scale is 1/sqrt(D).
 
 Calling conventions:
 
@@ -58,7 +73,8 @@ from ._checks import check_int, shape_str
 from .kvcache import KVCache
 from .positional import alibi_slopes, apply_rotary
 
-__all__ = ["check_attention", "AttentionReport", "InvariantResult", "INVARIANTS", "MASK_CONVENTIONS", "tolerance"]
+__all__ = ["check_attention", "AttentionReport", "InvariantResult", "INVARIANTS", "CONVENTIONS", "MASK_CONVENTIONS",
+           "tolerance"]
 
 # (name, the line's title), in the order they are checked and printed
 INVARIANTS = (
@@ -75,10 +91,23 @@ INVARIANTS = (
     ("cross_attention", "cross-attention with S != T"),
     ("kv_cache", "cached decoding equals full decoding"),
     ("deterministic", "deterministic (no dropout at evaluation)"),
+    ("long_keys", "long inputs: 129, 200 and 257 keys"),
+    ("large_logits", "float32 with scores in the hundreds"),
+    ("layout", "inputs that are views of another layout"),
+    ("value_dim", "values of another width, Dv != D"),
     ("rope", "RoPE pairing of the features"),
     ("alibi", "ALiBi slopes, checked for 8 and 12 heads"),
 )
 _TITLES = dict(INVARIANTS)
+
+# the lines that hold the course's convention (F.scaled_dot_product_attention's defaults), not a property of
+# every correct attention: code that follows another convention on purpose violates them without being wrong
+# (appendix A2: nn.MultiheadAttention gives NaN and Hugging Face's eager attention an average on fully masked
+# rows; T5 leaves the scores unscaled). The report tags their lines "[convention]". The RoPE pairing, the ALiBi
+# slopes, the causal alignment, the mask polarity and the GQA head mapping are conventions too, but declared
+# ones: the checker holds the code to the one its caller declares (rope=, alibi=, causal=, mask_convention=,
+# groups=).
+CONVENTIONS = ("empty_rows", "scale")
 
 # the mask conventions check_attention can hand to your code; the last two express padding only
 MASK_CONVENTIONS = ("allowed", "blocked", "additive", "key_padding", "hf")
@@ -127,11 +156,18 @@ class InvariantResult:
         return self.status == "held"
 
     @property
+    def convention(self) -> bool:
+        """Whether the line holds a convention (see :data:`CONVENTIONS`) rather than a property of every
+        correct attention."""
+        return self.name in CONVENTIONS
+
+    @property
     def violated(self) -> bool:
         return self.status == "violated"
 
     def line(self) -> str:
-        return f"{self.title:<44} {self.status} ({self.detail})"
+        tag = "  [convention]" if self.convention else ""
+        return f"{self.title:<44} {self.status} ({self.detail}){tag}"
 
 
 @dataclass
@@ -334,6 +370,7 @@ class _Checker:
         self.dtype = options.dtype
         self.tol = _TOLERANCES[self.dtype] if options.tolerance is None else float(options.tolerance)
         self.seed = options.seed
+        self.statuses: dict[str, str] = {}  # the verdicts so far: the long/large/Dv lines build on the first
         cache = options.cache
         # conventions measured by their own invariant, used by the other diagnostic checks
         self.measured_alignment: str | None = None
@@ -1147,11 +1184,310 @@ def _check_alibi(c: _Checker) -> _Outcome:
     return "violated", "; ".join(parts), worst, tol
 
 
+# -- beyond the short, order-one, contiguous inputs of the lines above --------------------------------------
+
+# (B, Hkv, T, S, D, with a padding mask): one query over 257 keys (decoding), 3 queries over 200 keys, and
+# self-attention over 129 keys with a head dim of 80; 129, 200 and 257 are ragged against tiles of 16, 64
+# and 128 keys, so a tiled kernel meets several tiles and a partial last one
+_LONG_SHAPES = ((1, 2, 1, 257, 8, False), (2, 1, 3, 200, 16, True), (1, 1, 129, 129, 80, False))
+# a module's (B, T, with a padding mask) for self-attention, and the length of the cached-decoding case
+_LONG_MODULE = ((1, 257, False), (2, 129, True))
+_LONG_CACHED = 200
+# (B, Hkv, T, S, D, Dv, with a mask): values narrower and wider than the queries and keys
+_VALUE_SHAPES = ((2, 2, 5, 5, 8, 3, True), (1, 1, 4, 7, 6, 12, False))
+# the large-logits line: each query row's scores are shifted by an offset drawn from [-LARGE, LARGE] and spread
+# by a factor from 1 to SPREAD; in float32 exp overflows above 88.7 and underflows to 0 below about -104
+_LARGE = 300.0
+_SPREAD = 30.0
+_LARGE_TOL = 1e-3  # float32 scores of size 300 carry rounding errors of about 1e-5 (see _check_large_logits)
+
+
+def _needs_first_line(c: _Checker) -> _Outcome | None:
+    """The long, large-logits and value-width lines take the first line's reference where it does not go; a
+    function that already differs from it on short inputs would light them all up, so they wait for it."""
+    if c.statuses.get("sdpa") == "violated":
+        return _na("differs from SDPA on short inputs already: see the first line")
+    if c.statuses.get("sdpa") != "held":
+        return _na("no reference: see the first line")
+    return None
+
+
+def _against_reference(
+    c: _Checker, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, g: torch.Generator
+) -> tuple[float, float | None]:
+    """max |output - reference| and, when the output is differentiable, max |gradient - reference's| for a
+    random cotangent (None when it is not)."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out, _ = c.run_fn(q, k, v, mask)
+    qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    with torch.enable_grad():
+        ref = c.reference(qr, kr, vr, mask)
+    err = _maxdiff(out, ref)
+    if not out.requires_grad:
+        return err, None
+    cot = c.randn(g, *out.shape)
+    got = torch.autograd.grad(out, (q, k, v), cot, allow_unused=True)
+    want = torch.autograd.grad(ref, (qr, kr, vr), cot.to(torch.float64))
+    return err, max(math.inf if a is None else _maxdiff(a, b) for a, b in zip(got, want))
+
+
+def _module_against_reference(
+    c: _Checker, x: torch.Tensor, mask: torch.Tensor | None, g: torch.Generator
+) -> tuple[float, float | None]:
+    """As :func:`_against_reference`, for a module on x (B, T, E)."""
+    x = x.detach().requires_grad_()
+    out, _ = c.run_module(x, mask=mask)
+    xr = x.detach().clone().requires_grad_()
+    with torch.enable_grad():
+        ref = c.module_reference(xr, mask=mask)
+    err = _maxdiff(out, ref)
+    if not out.requires_grad:
+        return err, None
+    cot = c.randn(g, *out.shape)
+    (got,) = torch.autograd.grad(out, x, cot, allow_unused=True)
+    (want,) = torch.autograd.grad(ref, xr, cot.to(torch.float64))
+    return err, math.inf if got is None else _maxdiff(got, want)
+
+
+def _cached_against_full(c: _Checker, x: torch.Tensor, prefill: int) -> float:
+    """Prefill ``prefill`` tokens into an empty cache, then decode the rest one token at a time: max |diff| to
+    one causal pass over all of x (B, T, E)."""
+    assert c.cache_factory is not None
+    B, T = x.shape[:2]
+    own = c.causal is not None
+
+    def mask(t: int, s: int) -> torch.Tensor | None:
+        return None if own else _masks.causal_mask(t, s, offset=s - t)[None, None].expand(B, 1, t, s)
+
+    with torch.no_grad():
+        full, _ = c.run_module(x, mask=mask(T, T))
+        cache = c.cache_factory()
+        steps = [c.run_module(x[:, :prefill], mask=mask(prefill, prefill), cache=cache)[0]]
+        steps += [c.run_module(x[:, t:t + 1], cache=cache)[0] for t in range(prefill, T)]
+    return _maxdiff(torch.cat(steps, dim=1), full)
+
+
+def _check_long_keys(c: _Checker) -> _Outcome:
+    """The first line's comparison (values and gradients) on 129 to 257 keys: past the tiles of a tiled kernel
+    (16, 64, 128 keys) and ragged against them, where a forgotten rescale or a window left on shows."""
+    if (wait := _needs_first_line(c)) is not None:
+        return wait
+    tol = c.tol
+    worst, grads, where, n = 0.0, True, "", 0
+    for i, case in enumerate(_LONG_MODULE if c.is_module else _LONG_SHAPES):
+        g = c.gen(140 + i)
+        if c.is_module:
+            B, T, padded = case
+            S = T
+        else:
+            B, Hkv, T, S, D, padded = case
+            if (c.rope and T != S) or ((c.causal is not None or c.alibi) and T > S):
+                continue
+        mask = _random_padding(g, B, S) if padded and c.causal is None else None
+        try:
+            if c.is_module:
+                err, grad_err = _module_against_reference(c, c.randn(g, B, T, c.width()), mask, g)
+            else:
+                err, grad_err = _against_reference(c, *c.qkv(g, B, Hkv * c.groups, T, S, D), mask, g)
+        except Exception as exc:  # noqa: BLE001
+            return "violated", f"{_raised(exc)} (T = {T}, S = {S})", math.inf, tol
+        n += 1
+        grads = grads and grad_err is not None
+        case_err = max(err, grad_err or 0.0)
+        if case_err > worst:
+            worst, where = case_err, f"T = {T}, S = {S}"
+    what = f"{n} cases, {'values and gradients' if grads else 'values'}"
+    if c.is_module and c.statuses.get("kv_cache") == "held":  # a short cache that fails is its own line's
+        g = c.gen(149)
+        x = c.randn(g, 1, _LONG_CACHED, c.width())
+        try:
+            err = _cached_against_full(c, x, _LONG_CACHED - 1)
+        except Exception as exc:  # noqa: BLE001
+            return "violated", f"{_raised(exc)} (cached decoding after {_LONG_CACHED - 1} tokens)", math.inf, tol
+        what += f", and decoding after {_LONG_CACHED - 1} cached tokens"
+        if err > worst:
+            worst, where = err, f"decoding after {_LONG_CACHED - 1} cached tokens"
+    if worst <= tol:
+        return "held", f"max |diff| < {_bound(tol)}, {what}", worst, tol
+    return "violated", f"max |diff| = {_num(worst)} at {where}", worst, tol
+
+
+def _large_inputs(
+    c: _Checker, g: torch.Generator, B: int, H: int, T: int, S: int, D: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float32 q, k, v whose scores (B, H, T, S) are, row by row, an offset in [-300, 300] plus a spread of
+    1 to 30 times a unit normal. Every key's feature 0 is 4 and each query row's feature 0 carries its
+    offset (a shift softmax ignores and a bare exp does not)."""
+    q, k, v = c.qkv(g, B, H, T, S, D, dtype=torch.float64)
+    offset = (torch.rand(B, H, T, 1, generator=g, dtype=torch.float64) * 2 - 1) * _LARGE  # (B, H, T, 1)
+    spread = _SPREAD ** torch.rand(B, H, T, 1, generator=g, dtype=torch.float64)  # (B, H, T, 1), 1 to 30
+    q = q * spread
+    q[..., 0] = (offset[..., 0] * math.sqrt(D) / 4)  # q_0 * k_0 / sqrt(D) = the offset
+    k[..., 0] = 4.0
+    return q.float(), k.float(), v.float()
+
+
+def _check_large_logits(c: _Checker) -> _Outcome:
+    """float32 on scores in the hundreds, where a softmax without the row maximum overflows (exp(89) is inf
+    in float32) and F.scaled_dot_product_attention stays finite, against the float64 reference on the same
+    rounded inputs. Rounding a score of 300 in float32 moves it by about 1e-5, and the output by as much."""
+    if (wait := _needs_first_line(c)) is not None:
+        return wait
+    tol = _LARGE_TOL
+    worst = 0.0
+    try:
+        with torch.no_grad():
+            if c.is_module:
+                assert c.spec is not None  # the first line held
+                g = c.gen(150)
+                B, T = 2, 6
+                x = c.randn(g, B, T, c.width(), dtype=torch.float64)
+                module = copy.deepcopy(c.module).to(torch.float64)
+                spec = cast(_Spec, _module_spec(module))
+                H, Hkv, D = spec["H"], spec["Hkv"], spec["D"]
+                w = {n: spec[n] for n in "qk"}
+                q = F.linear(x, *w["q"]).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+                k = F.linear(x, *w["k"]).view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+                k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, T, D)
+                top = float((q @ k.transpose(-2, -1)).abs().max()) / math.sqrt(D)
+                for p in w["q"]:  # scale W^Q (and its bias): the largest score becomes 300
+                    if p is not None:
+                        p.mul_(_LARGE / top)
+                mask = None if c.causal is not None else c.mask_for(g, B, T, T)
+                module = module.float()  # the reference gets the same rounded weights and inputs
+                out, _ = c.run_module(x.float(), mask=mask, module=module)
+                ref = c.module_reference(x.float(), mask=mask, module=copy.deepcopy(module).double())
+                worst = _maxdiff(out, ref)
+                if out.dtype != torch.float32:
+                    return "violated", f"a float32 input gave a {str(out.dtype).split('.')[-1]} output", math.inf, tol
+            else:
+                for i, (B, Hkv, T, S, D, masked) in enumerate(((2, 2, 6, 7, 8, True), (1, 1, 1, 9, 8, False))):
+                    if (c.rope and T != S) or ((c.causal is not None or c.alibi) and T > S):
+                        T = S
+                    g = c.gen(150 + i)
+                    q, k, v = _large_inputs(c, g, B, Hkv * c.groups, T, S, D)
+                    mask = c.mask_for(g, B, T, S) if masked and c.causal is None else None
+                    out, _ = c.run_fn(q, k, v, mask)
+                    if out.dtype != torch.float32:
+                        return ("violated", f"a float32 input gave a {str(out.dtype).split('.')[-1]} output",
+                                math.inf, tol)
+                    worst = max(worst, _maxdiff(out, c.reference(q, k, v, mask)))
+    except Exception as exc:  # noqa: BLE001
+        return "violated", f"float32: {_raised(exc)}", math.inf, tol
+    scores = f"scores offset by up to +-{_LARGE:.0f} per row" if not c.is_module else \
+        f"W^Q scaled so that the largest score is {_LARGE:.0f}"
+    if math.isinf(worst):
+        return "violated", f"not finite (NaN or inf) with {scores}", worst, tol
+    if worst > tol:
+        return "violated", f"max |diff| to the float64 reference ~ {worst:.0e} with {scores}", worst, tol
+    return "held", f"max |diff| to the float64 reference < {_bound(tol)}, {scores}", worst, tol
+
+
+def _layouts(
+    c: _Checker, g: torch.Generator, B: int, H: int, T: int, D: int
+) -> Iterator[tuple[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+    """(name, (q, k, v)) as views of the layouts real code hands to attention; T = S (self-attention)."""
+    Hkv = H // c.groups
+    q = c.randn(g, B, T, H, D).transpose(1, 2)  # (B, H, T, D) view of (B, T, H, D)
+    k = c.randn(g, B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D) view of (B, T, Hkv, D)
+    v = c.randn(g, B, T, Hkv, D).transpose(1, 2)
+    yield "(B, T, H, D) transposed", (q, k, v)
+    fused = c.randn(g, B, T, H + 2 * Hkv, D)  # (B, T, H + 2 Hkv, D): one projection for q, k and v
+    q, k, v = (t.transpose(1, 2) for t in fused.split([H, Hkv, Hkv], dim=2))  # (B, H or Hkv, T, D) views
+    yield "slices of a fused qkv projection", (q, k, v)
+
+
+def _check_layout(c: _Checker) -> _Outcome:
+    """Non-contiguous views (the transposes and slices a model's reshapes leave) must give what their
+    contiguous copies give: values and gradients. A function that raises on them violates it too."""
+    tol = c.tol
+    g = c.gen(160)
+    B, T = 2, 6
+    worst, names = 0.0, []
+    cases: list[tuple[str, tuple[torch.Tensor, ...]]]
+    if c.is_module:
+        x_seq_first = c.randn(g, T, B, c.width())  # (T, B, E): nn.MultiheadAttention's default layout
+        cases = [("(T, B, E) transposed", (x_seq_first.transpose(0, 1),))]  # (B, T, E) view
+        x_wide = c.randn(g, B, 2 * T, c.width())
+        cases.append(("every other token of a longer sequence", (x_wide[:, ::2],)))  # (B, T, E) view
+    else:
+        cases = list(_layouts(c, g, B, 2 * c.groups, T, 8))
+    mask = None if c.causal is not None else c.mask_for(g, B, T, T)
+    for name, views in cases:
+        base = [t.detach().requires_grad_() for t in views]  # non-contiguous leaves
+        copies = [t.detach().contiguous().requires_grad_() for t in views]
+        try:  # the contiguous copies first: a failure there is not the layout's
+            if c.is_module:
+                want, _ = c.run_module(copies[0], mask=mask)
+                again, _ = c.run_module(copies[0], mask=mask)
+            else:
+                want, _ = c.run_fn(copies[0], copies[1], copies[2], mask)
+                again, _ = c.run_fn(copies[0], copies[1], copies[2], mask)
+        except Exception:  # noqa: BLE001
+            return _na("fails on contiguous inputs too: see the first line")
+        if _maxdiff(again, want) != 0:
+            return _na("two calls on the same input differ: see deterministic")
+        try:
+            if c.is_module:
+                out, _ = c.run_module(base[0], mask=mask)
+            else:
+                out, _ = c.run_fn(base[0], base[1], base[2], mask)
+        except Exception as exc:  # noqa: BLE001
+            return "violated", f"{_raised(exc)} ({name})", math.inf, tol
+        err = _maxdiff(out, want)
+        if out.requires_grad and want.requires_grad:
+            cot = c.randn(g, *out.shape)
+            got = torch.autograd.grad(out, base, cot, allow_unused=True)
+            exp = torch.autograd.grad(want, copies, cot, allow_unused=True)
+            for a, b in zip(got, exp):
+                if (a is None) != (b is None):
+                    err = math.inf
+                elif a is not None and b is not None:
+                    err = max(err, _maxdiff(a, b))
+        if err > tol:
+            names.append(name)
+        worst = max(worst, err)
+    shown = " and ".join(n for n, _ in cases)
+    if worst <= tol:
+        return "held", f"max |diff| to contiguous copies < {_bound(tol)}: {shown}", worst, tol
+    return "violated", f"max |diff| to contiguous copies = {_num(worst)}: {' and '.join(names)}", worst, tol
+
+
+def _check_value_dim(c: _Checker) -> _Outcome:
+    """Values may be narrower or wider than queries and keys (Dv != D, as in multi-head latent attention):
+    the output is (B, H, T, Dv) and the scale stays 1/sqrt(D)."""
+    if c.is_module:
+        return _na("a module: its value width is its own")
+    if (wait := _needs_first_line(c)) is not None:
+        return wait
+    tol = c.tol
+    worst, grads, dims = 0.0, True, []
+    for i, (B, Hkv, T, S, D, Dv, masked) in enumerate(_VALUE_SHAPES):
+        if (c.rope and T != S) or ((c.causal is not None or c.alibi) and T > S):
+            continue
+        dims.append(f"D = {D}, Dv = {Dv}")
+        g = c.gen(170 + i)
+        H = Hkv * c.groups
+        q, k = c.randn(g, B, H, T, D), c.randn(g, B, Hkv, S, D)
+        v = c.randn(g, B, Hkv, S, Dv)
+        mask = c.mask_for(g, B, T, S) if masked and c.causal is None else None
+        try:
+            err, grad_err = _against_reference(c, q, k, v, mask, g)
+        except Exception as exc:  # noqa: BLE001
+            return "violated", f"{_raised(exc)} (D = {D}, Dv = {Dv})", math.inf, tol
+        grads = grads and grad_err is not None
+        worst = max(worst, err, grad_err or 0.0)
+    status, detail, measured, _ = _held_or_violated(worst, tol)
+    return status, f"{detail}, {'values and gradients' if grads else 'values'}; {' and '.join(dims)}", measured, tol
+
+
 _CHECKS = {
     "sdpa": _check_sdpa, "weights": _check_weights, "permutation": _check_permutation,
     "causal_leak": _check_causal_leak, "padding": _check_padding, "causal_alignment": _check_alignment, "low_precision": _check_low_precision,
     "empty_rows": _check_empty_rows, "scale": _check_scale, "heads": _check_heads, "cross_attention": _check_cross,
-    "kv_cache": _check_kv_cache, "deterministic": _check_deterministic, "rope": _check_rope, "alibi": _check_alibi,
+    "kv_cache": _check_kv_cache, "deterministic": _check_deterministic, "long_keys": _check_long_keys,
+    "large_logits": _check_large_logits, "layout": _check_layout, "value_dim": _check_value_dim,
+    "rope": _check_rope, "alibi": _check_alibi,
 }
 # conventions are measured first, so that the diagnostic checks can use them
 _ORDER = ("causal_alignment", "rope", "alibi", "scale")
@@ -1243,6 +1579,7 @@ def check_attention(
             except Exception as err:  # noqa: BLE001 (the user's code failed inside this check)
                 status, detail, measured, bound = "violated", _raised(err), math.inf, tol
             results[inv] = InvariantResult(inv, status, detail, measured, bound)
+            c.statuses[inv] = status
     subject = _subject(fn) if name is None else str(name)
     report = AttentionReport(subject, {n: results[n] for n, _ in INVARIANTS})
     if verbose:

@@ -1,5 +1,8 @@
-"""attnbook.testing.check_attention: every invariant holds on the course's own attention, and each of the bug
-zoo's twelve bugs violates exactly the invariants that name it. Also the mask converters it relies on."""
+"""attnbook.testing.check_attention: every invariant holds on the course's own attention, on PyTorch's and on
+correct tiled (online-softmax) attention, and each bug of the zoo, the thirteen of appendix A1's first
+exercises and the blind spots of the short, order-one, contiguous inputs (a forgotten rescale, no row maximum,
+a window left on, code that needs contiguous inputs, values of another width), violates exactly the
+invariants that name it. Also the mask converters it relies on."""
 
 import math
 import re
@@ -12,7 +15,8 @@ from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
 import attnbook
 from attnbook import causal_mask, masks, padding_mask
-from attnbook.testing import INVARIANTS, MASK_CONVENTIONS, AttentionReport, check_attention, tolerance
+from attnbook.efficient import flash_attention
+from attnbook.testing import CONVENTIONS, INVARIANTS, MASK_CONVENTIONS, AttentionReport, check_attention, tolerance
 
 ALL = [name for name, _ in INVARIANTS]
 
@@ -43,10 +47,91 @@ def test_the_course_scaled_dot_product_attention_holds_every_invariant():
     r = run(attnbook.scaled_dot_product_attention)
     assert r.ok and r.violated == []
     assert r.held == ["sdpa", "weights", "permutation", "causal_leak", "padding", "low_precision", "empty_rows",
-                      "scale", "heads", "deterministic"]
+                      "scale", "heads", "deterministic", "long_keys", "large_logits", "layout", "value_dim"]
     assert set(r.not_applicable) == {"causal_alignment", "cross_attention", "kv_cache", "rope", "alibi"}
     assert r["sdpa"].measured < 1e-10 and r["scale"].measured == 1.0
     assert "values and gradients" in r["sdpa"].detail
+
+
+NEW = ["long_keys", "large_logits", "layout", "value_dim"]
+
+
+def online_softmax_attention(q, k, v, mask=None, block_size=16, rescale=True, acc_like_q=False):
+    """Chapter 8's tiling, written out: the keys in blocks of ``block_size``, a running max m, sum l and
+    unnormalised output acc per query, rescaled by exp(m - m_new) whenever the max grows. The course's mask
+    convention; a query with no key at all gets l = 0 and so zeros. The two flags make the blind-spot bugs."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    lowest = torch.finfo(q.dtype).min
+    B, H, T, _ = q.shape
+    G = H // k.shape[1]
+    k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)  # (B, H, S, D)
+    m = torch.full((B, H, T, 1), lowest, dtype=q.dtype)  # (B, H, T, 1) running max
+    l = torch.zeros(B, H, T, 1, dtype=q.dtype)  # (B, H, T, 1) running sum of exp(score - m)
+    acc = torch.zeros_like(q) if acc_like_q else torch.zeros(B, H, T, v.shape[-1], dtype=q.dtype)  # (B, H, T, Dv)
+    for c in range(0, k.shape[-2], block_size):
+        s = q @ k[:, :, c:c + block_size].transpose(-2, -1) * scale  # (B, H, T, Bk) one tile of scores
+        allowed = None if mask is None else mask[..., c:c + block_size]
+        if allowed is not None:
+            s = s.masked_fill(~allowed, lowest)
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        p = torch.exp(s - m_new)  # (B, H, T, Bk)
+        if allowed is not None:
+            p = p.masked_fill(~allowed, 0.0)
+        alpha = torch.exp(m - m_new) if rescale else torch.ones_like(m)  # what was summed against the old max
+        l = l * alpha + p.sum(dim=-1, keepdim=True)
+        acc = acc * alpha + p @ v[:, :, c:c + block_size]
+        m = m_new
+    return acc / l.clamp_min(torch.finfo(q.dtype).tiny)  # (B, H, T, Dv)
+
+
+def flash_causal(q, k, v):
+    """attnbook's FlashAttention-2 (its own backward pass) with blocks of 16 keys and 16 queries."""
+    G = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
+    return flash_attention(q, k, v, causal=True, block_size=16, query_block_size=16)
+
+
+def test_correct_tiled_attention_holds_every_invariant():
+    r = run(online_softmax_attention)
+    assert r.ok, str(r)
+    assert set(NEW) <= set(r.held) and {"sdpa", "causal_leak", "padding", "empty_rows"} <= set(r.held)
+    assert "3 cases, values and gradients" in r["long_keys"].detail
+    assert run(lambda q, k, v, mask=None: online_softmax_attention(q, k, v, mask, block_size=4)).ok
+    assert run(online_softmax_attention, groups=2).ok
+    assert run(online_softmax_attention, dtype=torch.float32).ok
+
+
+@pytest.mark.parametrize("alignment", ["top-left", True])
+def test_flash_attention_with_small_blocks_holds_every_invariant(alignment):
+    r = run(flash_causal, causal=alignment)
+    assert r.ok, str(r)
+    assert set(NEW) <= set(r.held) and "top-left" in r["causal_alignment"].detail
+    assert run(flash_causal, causal="top-left", groups=2).ok
+
+
+def test_pytorch_and_the_course_hold_the_new_invariants():
+    sdpa = run(F.scaled_dot_product_attention, call=lambda fn, q, k, v, mask: fn(q, k, v, attn_mask=mask))
+    assert sdpa.ok and set(NEW) <= set(sdpa.held)
+    assert "(B, T, H, D) transposed and slices of a fused qkv projection" in sdpa["layout"].detail
+    assert "D = 8, Dv = 3 and D = 6, Dv = 12" in sdpa["value_dim"].detail
+    assert sdpa["large_logits"].measured < sdpa["large_logits"].tolerance == 1e-3
+    ours = run(attnbook.scaled_dot_product_attention)
+    assert ours.ok and set(NEW) <= set(ours.held)
+    torch.manual_seed(0)
+    module = run(attnbook.MultiHeadAttention(32, 8, num_kv_heads=2))
+    assert module.ok and {"long_keys", "large_logits", "layout"} <= set(module.held)
+    assert "value_dim" in module.not_applicable  # a module's value width is its own
+    assert "decoding after 199 cached tokens" in module["long_keys"].detail
+    assert "largest score is 300" in module["large_logits"].detail
+
+
+def test_conventions_are_tagged_and_properties_are_not():
+    assert set(CONVENTIONS) == {"empty_rows", "scale"} and set(CONVENTIONS) <= set(ALL)
+    r = run(attention)
+    for res in r:
+        assert res.convention == (res.name in CONVENTIONS)
+        if res.status != "n/a":
+            assert res.line().endswith("[convention]") == res.convention
 
 
 def test_a_written_out_attention_holds_in_float32_too():
@@ -309,6 +394,98 @@ def dropout_on(q, k, v, mask=None):
     return w @ v, w
 
 
+def forgotten_rescale(q, k, v, mask=None):
+    """A tiled kernel with tiles of 64 keys that never rescales what it summed against an older max."""
+    return online_softmax_attention(q, k, v, mask, block_size=64, rescale=False)
+
+
+def no_row_max(q, k, v, mask=None):
+    """softmax written as exp / sum without subtracting the row's maximum: exp(89) is inf in float32."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, S)
+    e = scores.exp()
+    if mask is not None:
+        e = e.masked_fill(~mask, 0.0)
+    w = e / e.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
+    return w @ v, w
+
+
+def global_max(q, k, v, mask=None):
+    """Subtracts one maximum over the whole tensor instead of each row's: rows far below it underflow."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    e = (scores - scores.max()).exp()
+    if mask is not None:
+        e = e.masked_fill(~mask, 0.0)
+    w = e / e.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
+    return w @ v, w
+
+
+def last_64_keys(q, k, v, mask=None):
+    """A sliding window left on: only the last 64 keys (a rolling 64-entry cache) are attended."""
+    k, v = k[:, :, -64:], v[:, :, -64:]
+    return attention(q, k, v, None if mask is None else mask[..., -64:])
+
+
+def view_on_transposed(q, k, v, mask=None):
+    """Flattens (B, H) with .view, which needs contiguous inputs: raises on a transposed view."""
+    B, H, T, D = q.shape
+    S = k.shape[-2]
+    out, _ = attention(q.view(B * H, T, D), k.view(B * H, S, D), v.view(B * H, S, v.shape[-1]),
+                       None if mask is None else mask.expand(B, H, T, S).reshape(B * H, T, S))
+    return out.view(B, H, T, -1)
+
+
+def raw_memory(q, k, v, mask=None):
+    """Reads each tensor's memory as if it were contiguous, as a C kernel that takes data_ptr() does:
+    silently wrong on a transposed view."""
+    def as_if_contiguous(t):
+        return t.as_strided(t.shape, torch.empty(t.shape).stride())
+    return attention(as_if_contiguous(q), as_if_contiguous(k), as_if_contiguous(v), mask)
+
+
+def acc_like_q(q, k, v, mask=None):
+    """Allocates the output like q: fine while Dv == D."""
+    return online_softmax_attention(q, k, v, mask, acc_like_q=True)
+
+
+def scale_of_v(q, k, v, mask=None):
+    """Takes the scale from the values' width: right while Dv == D."""
+    return attnbook.scaled_dot_product_attention(q, k, v, mask, scale=v.shape[-1] ** -0.5)
+
+
+class SlidingWindow(attnbook.MultiHeadAttention):
+    """A module with a sliding window of 64 left on (|i - j| <= 64, as a config's sliding_window would)."""
+
+    def attend(self, q, k, v, mask=None, need_weights=True):
+        T, S = q.shape[-2], k.shape[-2]
+        window = attnbook.sliding_window_mask(T, 64, S)  # (T, S)
+        return super().attend(q, k, v, window if mask is None else mask & window, need_weights)
+
+
+class RollingKVCache(attnbook.KVCache):
+    """Mistral's rolling buffer without a sliding window in the model: keeps only the last 64 tokens."""
+
+    def append(self, k, v):
+        k, v = super().append(k, v)
+        self.k, self.v = k[:, :, -64:], v[:, :, -64:]
+        return k, v
+
+
+class NoRowMaxModule(attnbook.MultiHeadAttention):
+    def attend(self, q, k, v, mask=None, need_weights=True):
+        out, w = no_row_max(q, k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1),
+                            v.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1), mask)
+        return self.out_proj(attnbook.merge_heads(out)), w
+
+
+class FlattensWithView(attnbook.MultiHeadAttention):
+    """Projects x.view(B * T, E): needs a contiguous x."""
+
+    def project(self, query, key=None, value=None):
+        B, T, E = query.shape
+        flat = query.view(B * T, E)  # (B T, E)
+        return super().project(flat.view(B, T, E), key, value)
+
+
 def _module(cls):
     torch.manual_seed(0)
     return cls(32, 4)
@@ -332,6 +509,23 @@ BUGS = {
     "dropout left on": (lambda: dropout_on, {},
                         ["sdpa", "weights", "permutation", "low_precision", "heads", "deterministic"]),
     "query length for keys": (lambda: _module(QueryLengthReshape), {}, ["cross_attention"]),
+    # the blind spots of short, order-one, contiguous inputs: each one only on its new line
+    "forgotten rescale": (lambda: forgotten_rescale, {}, ["long_keys"]),
+    "forgotten rescale, causal": (lambda: lambda q, k, v: forgotten_rescale(q, k, v, causal_mask(q.shape[-2], k.shape[-2])),
+                                  {"causal": "top-left"}, ["long_keys"]),
+    "no row max": (lambda: no_row_max, {}, ["large_logits"]),
+    "one max for the whole tensor": (lambda: global_max, {}, ["large_logits"]),
+    "no row max in a module": (lambda: _module(NoRowMaxModule), {}, ["large_logits"]),
+    "last 64 keys": (lambda: last_64_keys, {}, ["long_keys"]),
+    "sliding window module": (lambda: _module(SlidingWindow), {}, ["long_keys"]),
+    "rolling 64-entry cache": (lambda: _module(attnbook.MultiHeadAttention), {"cache": RollingKVCache},
+                               ["long_keys"]),
+    ".view on a transposed tensor": (lambda: view_on_transposed, {}, ["layout"]),
+    "raw memory as contiguous": (lambda: raw_memory, {}, ["layout"]),
+    # the cache line feeds it slices x[:, 3:5] of the sequence, views too
+    "module flattens x with .view": (lambda: _module(FlattensWithView), {}, ["kv_cache", "layout"]),
+    "output allocated like q": (lambda: acc_like_q, {}, ["value_dim"]),
+    "scale from the values' width": (lambda: scale_of_v, {}, ["value_dim"]),
 }
 
 
@@ -358,6 +552,35 @@ def test_the_diagnoses_say_what_went_wrong():
     assert "raised RuntimeError" in run(_module(QueryLengthReshape))["cross_attention"].detail
 
 
+def test_the_blind_spot_diagnoses_say_what_went_wrong():
+    r = run(forgotten_rescale)["long_keys"]
+    assert re.fullmatch(r"max \|diff\| = [\d.]+ at T = \d+, S = \d+", r.detail) and r.measured > 0.1
+    assert "not finite (NaN or inf)" in run(no_row_max)["large_logits"].detail
+    assert "max |diff| to the float64 reference ~ " in run(global_max)["large_logits"].detail
+    assert "at decoding after 199 cached tokens" in run(_module(attnbook.MultiHeadAttention),
+                                                        cache=RollingKVCache)["long_keys"].detail
+    r = run(view_on_transposed)["layout"]
+    assert "raised RuntimeError: view size is not compatible" in r.detail and "(B, T, H, D) transposed" in r.detail
+    assert "max |diff| to contiguous copies = " in run(raw_memory)["layout"].detail
+    assert "raised RuntimeError" in run(acc_like_q)["value_dim"].detail
+    # without the flags, the same code is right on every line
+    assert run(lambda q, k, v, mask=None: online_softmax_attention(q, k, v, mask, block_size=64)).ok
+
+
+def test_the_new_lines_wait_for_the_first_line():
+    r = run(dropout_on)  # wrong on short inputs already, and different at every call
+    for name in ("long_keys", "large_logits", "value_dim"):
+        assert r[name].status == "n/a" and "see the first line" in r[name].detail
+    assert r["layout"].status == "n/a" and "see deterministic" in r["layout"].detail
+    r = run(gqa_repeat, groups=4)
+    assert r.violated == ["sdpa", "heads"] and r["long_keys"].status == "n/a"
+    r = run(F.scaled_dot_product_attention)  # takes attn_mask=, not mask=: the masked calls raise
+    assert "sdpa" in r.violated and r["layout"].status == "n/a" and "contiguous inputs too" in r["layout"].detail
+    # a module whose short cached decoding already fails is the cache line's, not the long line's
+    r = run(_module(FlattensWithView))
+    assert r["kv_cache"].violated and "decoding after" not in r["long_keys"].detail
+
+
 def test_fixing_the_declaration_fixes_the_inverted_mask():
     assert run(inverted, mask_convention="blocked").ok
 
@@ -370,7 +593,8 @@ def test_the_report_prints_one_line_per_invariant_with_its_words(capsys):
         if res.status != "n/a":
             assert res.title in printed and res.status in ("held", "violated")
     assert printed.count(" held (") == len(r.held) and printed.count(" violated (") == 1
-    assert "=> 1 of 10 violated: empty_rows" in printed
+    assert "=> 1 of 14 violated: empty_rows" in printed
+    assert printed.count("[convention]") == 2 and "NaN in 2 of 2 empty rows)  [convention]" in printed
     assert isinstance(r, AttentionReport) and not r.ok
     assert printed.startswith("check_attention(fill_inf)")
     assert str(run(fill_inf, name="fill with -inf")).startswith("check_attention(fill with -inf)")
