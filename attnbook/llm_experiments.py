@@ -21,7 +21,8 @@ do nothing. That is the setting in which attention sinks form (chapter 9, sectio
 Experiments:
 
 * :func:`sink_experiment`: for each variant of :data:`SINK_VARIANTS` (plain softmax, a learned sink per
-  head, softmax plus one, the sigmoid output gate) and each seed, train and measure
+  head, softmax plus one, the sigmoid output gate) and each seed, train a :func:`sink_model` (its exits
+  started open or shut: ``sink_init``, ``gate_bias``) and measure
   :func:`first_position_share`, the share of attention weight on position 0, :func:`first_value_ratio`,
   how long position 0's value is next to the others' (a no-op sink's is short), and
   :func:`backcopy_accuracy`. The toy has no final RMSNorm by default (see :class:`TinyLM`): with one, the
@@ -58,6 +59,7 @@ __all__ = [
     "first_value_ratio",
     "max_attention_logit",
     "SinkRun",
+    "sink_model",
     "sink_experiment",
     "logit_growth_experiment",
 ]
@@ -341,6 +343,60 @@ class SinkRun:
     seconds: float
 
 
+def _with_bias(linear: nn.Module, value: float) -> nn.Linear:
+    """A copy of ``linear`` (same weight) with a bias, every entry ``value``."""
+    assert isinstance(linear, nn.Linear)
+    new = nn.Linear(linear.in_features, linear.out_features, bias=True,
+                    device=linear.weight.device, dtype=linear.weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(linear.weight)
+        nn.init.constant_(new.bias, value)
+    return new
+
+
+def sink_model(
+    variant: str,
+    seed: int = 0,
+    *,
+    final_norm: bool = False,
+    sink_init: float = 3.0,
+    gate_bias: float | None = None,
+) -> TinyLM:
+    """The untrained :class:`TinyLM` (1 layer, 2 heads, E = 32, vocabulary 24) that :func:`sink_experiment`
+    trains for ``variant`` (a name of :data:`SINK_VARIANTS`) and ``seed``.
+
+    The learned sink logits (variant ``"sink"``) start at ``sink_init``: 3 opens the exit from the first step
+    (the sink weighs as much as e^3 = 20 keys of score 0). With gpt-oss's start near 0 the sink and the first
+    token race to become the no-op, and which one wins differs from seed to seed: a single number per head
+    moves by about ``lr`` per step under Adam, while the first token's score is shaped by whole weight matrices.
+
+    ``gate_bias`` (variant ``"output_gate"``): ``None`` gives the gate no bias, as Qwen3-Next's, so it starts
+    half open (its logits start near 0, and their sigmoid averages about 0.5). A number gives ``gate_proj`` a
+    bias initialised to it, its weights as without one: -3 starts the gate nearly closed, ``sigmoid(-3) =
+    0.047``, the gate's counterpart of ``sink_init=3``.
+
+    The initial weights come from ``torch.manual_seed(seed)`` under ``torch.random.fork_rng`` (the caller's
+    generator is left as it was)."""
+    if variant not in SINK_VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; the variants are {', '.join(SINK_VARIANTS)}")
+    seed = check_int("seed", seed, 0)
+    for name, value in (("sink_init", sink_init), ("gate_bias", gate_bias)):
+        if value is None and name == "gate_bias":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a number{' or None' if name == 'gate_bias' else ''}, "
+                            f"got {type(value).__name__} {value!r}")
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = TinyLM(24, final_norm=final_norm, **SINK_VARIANTS[variant])
+        for attention in model.attentions():
+            if attention.sinks is not None:
+                nn.init.constant_(attention.sinks, float(sink_init))
+            if attention.gate_proj is not None and gate_bias is not None:
+                attention.gate_proj = _with_bias(attention.gate_proj, float(gate_bias))
+    return model
+
+
 def sink_experiment(
     seeds: Sequence[int] = (0, 1, 2),
     variants: Sequence[str] = tuple(SINK_VARIANTS),
@@ -350,18 +406,14 @@ def sink_experiment(
     T: int = 32,
     final_norm: bool = False,
     sink_init: float = 3.0,
+    gate_bias: float | None = None,
 ) -> dict[tuple[str, int], SinkRun]:
-    """Train one :class:`TinyLM` (1 layer, 2 heads, E = 32) per variant of :data:`SINK_VARIANTS` and seed
+    """Train one :func:`sink_model` (1 layer, 2 heads, E = 32) per variant of :data:`SINK_VARIANTS` and seed
     on the Bigram-Backcopy task (``steps`` steps of AdamW at ``lr``, batches of 32) and return
     ``{(variant, seed): SinkRun}``, measured on 256 held-out sequences of length ``T``.
 
-    The learned sink logits start at ``sink_init``: 3 opens the exit from the first step (the sink weighs as
-    much as e^3 = 20 keys of score 0). With gpt-oss's start near 0 the sink and the first token race to
-    become the no-op, and which one wins differs from seed to seed: a single number per head moves by
-    about ``lr`` per step under Adam, while the first token's score is shaped by whole weight matrices.
-
-    The model's initial weights come from ``torch.manual_seed(seed)`` under ``torch.random.fork_rng`` (the
-    caller's generator is left as it was)."""
+    ``sink_init`` (where the learned sink logits start, 3 by default: open) and ``gate_bias`` (``None`` by
+    default: the gate has no bias, as Qwen3-Next's; -3 starts it nearly closed) are :func:`sink_model`'s."""
     for v in variants:
         if v not in SINK_VARIANTS:
             raise ValueError(f"unknown variant {v!r}; the variants are {', '.join(SINK_VARIANTS)}")
@@ -369,12 +421,7 @@ def sink_experiment(
     runs = {}
     for variant in variants:
         for seed in _seeds(seeds):
-            with torch.random.fork_rng():
-                torch.manual_seed(seed)
-                model = TinyLM(24, final_norm=final_norm, **SINK_VARIANTS[variant])
-            for attention in model.attentions():
-                if attention.sinks is not None:
-                    nn.init.constant_(attention.sinks, sink_init)
+            model = sink_model(variant, seed, final_norm=final_norm, sink_init=sink_init, gate_bias=gate_bias)
             result = train_tiny_lm(model, steps, lr, T=T, seed=seed)
             runs[variant, seed] = SinkRun(first_position_share(model, test), backcopy_accuracy(model, test),
                                           first_value_ratio(model, test), result.seconds)
