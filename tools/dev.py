@@ -1,6 +1,8 @@
 """The README's two commands, and the developer's shortcuts.
 
-    python3 tools/dev.py book                  # install what is needed, build the book, print where the HTML is
+    python3 tools/dev.py book                  # install what is needed, build the book in English and Chinese,
+                                               # print where each is (_build/html/, _build/html/zh_CN/)
+    python3 tools/dev.py catalogs              # after English prose changed: update the Chinese message catalogs
     python3 tools/dev.py test                  # install what is needed, run every check (what CI runs)
     python3 tools/dev.py test --fast           # ruff, mypy and the unit tests, without the slow and browser ones
     python3 tools/dev.py test -- -k masks      # everything after -- goes to pytest
@@ -151,16 +153,22 @@ def ensure_chromium() -> None:
 
 
 def build_book(strict: bool) -> None:
-    cmd = [BIN / "jupyter-book", "build", "--all"]
-    if strict:
-        cmd += ["-W", "--keep-going"]
-    run(*cmd, ".")
+    """Both editions, side by side: English at _build/html/, Chinese at _build/html/zh_CN/ (tools/editions.py:
+    each one what `jupyter-book build --all` builds from _config.yml, the Chinese one with language zh_CN)."""
+    run(PY, "tools/editions.py", "html", "all", *(["--strict"] if strict else []))
 
 
 def book(_args) -> None:
     ensure_venv()
-    build_book(strict=False)
-    print(f"\nThe book is at {ROOT / '_build' / 'html' / 'index.html'}")
+    build_book(strict=False)  # it prints where each edition is
+
+
+def catalogs(_args) -> None:
+    """After English prose changed: extract the messages and update every translation's catalogs."""
+    ensure_venv()
+    run(PY, "tools/editions.py", "catalogs")
+    print("\nTranslate what is now empty or fuzzy in the catalogs listed as updated above "
+          "(`python3 tools/dev.py test -- tests/test_translation.py` lists them).")
 
 
 def _env(**extra) -> dict:
@@ -198,7 +206,7 @@ def test(args) -> None:
     if passthrough[:1] == ["--"]:
         passthrough = passthrough[1:]
     # 1. lint the package, tests, benchmarks, tools and the notebooks; type-check the package
-    run(BIN / "ruff", "check", "attnbook", "tests", "bench", "tools", "chapters", env=env)
+    run(BIN / "ruff", "check", "attnbook", "tests", "bench", "tools", "_ext", "chapters", env=env)
     run(BIN / "mypy", env=env)  # [tool.mypy] in pyproject.toml: the package, every function typed
     if args.fast:
         run(PY, "-m", "pytest", "-q", "tests", "-m", "not slow and not browser", "-n", "2", *passthrough, env=env)
@@ -206,7 +214,8 @@ def test(args) -> None:
     started = time.perf_counter()
     ensure_chromium()
     w7 = ensure_ipywidgets7()
-    # 2. the book, strictly: any warning (a broken reference, an unreadable notebook) fails
+    # 2. the book, both editions, strictly: any warning (a broken reference, an unreadable notebook, a
+    #    translation whose markup does not parse) fails
     build_book(strict=True)
     # 3. the widget tests again under ipywidgets 7.7.1 (what Colab ships)
     if w7 is not None:
@@ -231,7 +240,9 @@ def test(args) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
-    sub.add_parser("book", help="build the book").set_defaults(func=book)
+    sub.add_parser("book", help="build the book, English and Chinese").set_defaults(func=book)
+    sub.add_parser("catalogs", help="update the translations' message catalogs from the English pages").set_defaults(
+        func=catalogs)
     t = sub.add_parser("test", help="every check (what CI runs)")
     t.add_argument("--fast", action="store_true", help="ruff, mypy and the unit tests without slow and browser tests")
     t.add_argument("--each-perturbation", action="store_true",

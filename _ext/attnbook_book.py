@@ -1,0 +1,153 @@
+"""The book's own Sphinx extension, loaded by both editions (``sphinx: local_extensions:`` in ``_config.yml``).
+
+* **The other language, one click away.** Every page's header gets a link to the same page in the other
+  edition(s): "中文" on an English page, "English" on a Chinese one. The layout is the one ``tools/editions.py``
+  builds: the English edition at the root of the HTML folder, each translation in a folder named after its
+  language code (``_build/html/zh_CN/``); the translations are the folders of ``locales/``. The links are
+  relative, so they work over http and from ``file://`` alike.
+* **MathJax served by the book.** Sphinx loads MathJax from a CDN by default; a reader offline (or behind a
+  firewall) would see raw ``\\(...\\)``. This copies MathJax 3.2.2 from the pinned PyPI package
+  ``django-static-mathjax`` (module ``mathjax``) into ``_static/mathjax/`` and points ``mathjax_path`` at it:
+  the combined TeX-to-CommonHTML component, its woff-v2 fonts and the TeX extensions its autoloader may fetch
+  (``\\boldsymbol``, ``\\cancel``, ...), about 2.2 MB per edition, and MathJax's licence.
+* **The interface in the page's language.** The themes translate their own strings (search, contents,
+  buttons) when Sphinx's ``language`` is set; two things of ours would stay English in a translation: the
+  captions of the table of contents (``_toc.yml``), looked up here in the root page's catalog, and Jupyter
+  Book's "Search this book..." placeholder, dropped so that the theme's translated one shows.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from sphinx import addnodes
+from sphinx.application import Sphinx
+from sphinx.config import Config
+from sphinx.errors import ExtensionError
+from sphinx.locale import init as init_locale
+from sphinx.transforms import SphinxTransform
+from sphinx.util.i18n import docname_to_domain
+
+HERE = Path(__file__).resolve().parent
+ROOT_LANGUAGE = "en"  # the edition at the root of the HTML folder; every other one sits in <root>/<language>/
+# how each edition names itself in the link that leads to it
+NAMES = {"en": ("English", "Read this page in English"), "zh_CN": ("中文", "阅读本页的中文版")}
+
+# what MathJax needs to typeset TeX offline, relative to the package's es5/ folder (the rest of the package,
+# 35 MB of sources, other outputs and the speech engine, stays out of the book)
+MATHJAX_FILES = ["tex-chtml.js", "output/chtml/fonts/woff-v2", "input/tex/extensions"]
+MATHJAX_PATH = "mathjax/tex-chtml.js"  # under _static/
+
+
+def translations(srcdir: str | Path, config: Config) -> list[str]:
+    """The language codes that have catalogs: the folders of the first ``locale_dirs`` entry."""
+    dirs = [Path(srcdir, d) for d in (config.locale_dirs or [])]
+    if not dirs or not dirs[0].is_dir():
+        return []
+    return sorted(d.name for d in dirs[0].iterdir() if (d / "LC_MESSAGES").is_dir())
+
+
+def _language(config: Config) -> str:
+    return config.language or ROOT_LANGUAGE
+
+
+def _configure(app: Sphinx, config: Config) -> None:
+    config.templates_path = [*config.templates_path, str(HERE / "templates")]
+    config.html_static_path = [*config.html_static_path, str(HERE / "static")]
+    options = dict(config.html_theme_options)
+    # sphinx-book-theme's default header end is its buttons (launch, download, full screen, theme, search)
+    options["article_header_end"] = ["language-switch.html",
+                                     *options.get("article_header_end", ["article-header-buttons.html"])]
+    if _language(config) != ROOT_LANGUAGE:
+        # Jupyter Book sets the search box's text to "Search this book..." in English; without it the theme
+        # writes its own translated "Search" (搜索...)
+        options.pop("search_bar_text", None)
+    config.html_theme_options = options
+    config.mathjax_path = MATHJAX_PATH
+
+
+def _page_context(app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any) -> None:
+    here = _language(app.config)
+    # the relative path from this page to the root of the HTML folder (where the English edition is)
+    up = "../" * pagename.count("/") + ("" if here == ROOT_LANGUAGE else "../")
+    links = []
+    for language in [ROOT_LANGUAGE, *translations(app.srcdir, app.config)]:
+        if language == here:
+            continue
+        name, title = NAMES.get(language, (language, language))
+        folder = "" if language == ROOT_LANGUAGE else f"{language}/"
+        links.append({"href": f"{up}{folder}{pagename}{app.builder.link_suffix}", "name": name, "title": title,
+                      "tag": language.replace("_", "-")})
+    context["attnbook_languages"] = links
+
+
+def _notebook_outputs_aside(app: Sphinx) -> None:
+    """myst-nb writes each notebook's images to ``<outdir>/../jupyter_execute`` before Sphinx copies them into
+    ``_images``; for a translation, whose outdir is inside the English HTML folder, that would leave a stray
+    folder there (and two translations would share it). Its own doctree folder is private to its build."""
+    nb_config = getattr(app.env, "mystnb_config", None)
+    if _language(app.config) != ROOT_LANGUAGE and nb_config is not None:
+        app.env.mystnb_config = nb_config.copy(output_folder=str(Path(app.doctreedir) / "jupyter_execute"))
+
+
+class TranslateTocCaptions(SphinxTransform):
+    """The captions of the table of contents ("Chapters", "Appendices", ...) in the page's language.
+
+    They come from ``_toc.yml``: sphinx-external-toc inserts the toctree (priority 100) after Sphinx's Locale
+    transform (20) has translated the page, so the captions, extracted into the root page's catalog like any
+    other message, would stay English. This looks them up in that same catalog."""
+
+    default_priority = 110  # after sphinx_external_toc's InsertToctrees, before the doctree-read event
+
+    def apply(self, **kwargs: Any) -> None:
+        if _language(self.config) == ROOT_LANGUAGE:
+            return
+        domain = docname_to_domain(self.env.docname, self.config.gettext_compact)
+        dirs = [str(Path(self.env.srcdir, d)) for d in self.config.locale_dirs]
+        catalog, found = init_locale(dirs, self.config.language, domain)
+        if not found:
+            return
+        for node in self.document.findall(addnodes.toctree):
+            caption = node.get("caption")
+            if caption:
+                node["caption"] = node["rawcaption"] = catalog.gettext(caption)
+
+
+def mathjax_source() -> Path:
+    """The es5/ folder of the installed MathJax package."""
+    try:
+        import mathjax  # django-static-mathjax, pinned in requirements.txt
+    except ImportError as exc:
+        raise ExtensionError("MathJax is served by the book: pip install -r requirements.txt "
+                             "(django-static-mathjax)") from exc
+    es5 = Path(mathjax.__file__).parent / "static" / "mathjax" / "es5"
+    if not (es5 / "tex-chtml.js").exists():
+        raise ExtensionError(f"{es5} has no tex-chtml.js: reinstall django-static-mathjax")
+    return es5
+
+
+def _copy_mathjax(app: Sphinx, exception: Exception | None) -> None:
+    if exception is not None or app.builder.format != "html":
+        return
+    es5 = mathjax_source()
+    target = Path(app.outdir) / "_static" / Path(MATHJAX_PATH).parent
+    for name in MATHJAX_FILES:
+        source = es5 / name
+        if source.is_dir():
+            shutil.copytree(source, target / name, dirs_exist_ok=True)
+        else:
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    shutil.copy2(es5.parent / "LICENSE", target / "LICENSE")
+
+
+def setup(app: Sphinx) -> dict[str, Any]:
+    app.add_css_file("attnbook_book.css")
+    app.add_transform(TranslateTocCaptions)
+    app.connect("config-inited", _configure)
+    app.connect("builder-inited", _notebook_outputs_aside, priority=900)  # after myst-nb sets its folder (500)
+    app.connect("html-page-context", _page_context)
+    app.connect("build-finished", _copy_mathjax)
+    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
