@@ -1,0 +1,263 @@
+"""The translations: one message catalog per page, ``locales/<language>/LC_MESSAGES/**.po``.
+
+* **complete**: every message translated, none fuzzy (``sphinx-intl update`` marks a message fuzzy when its
+  English changed: the old translation is only a draft until someone reviews it);
+* **current**: each catalog holds exactly the messages its English page has now, extracted the way
+  ``python3 tools/dev.py catalogs`` extracts them (English prose edited without running it fails here);
+* **faithful**: a translation keeps its English message's inline code, math, link targets and numbers;
+* **consistent**: each glossary entry's translated term (the bold start of its translated definition,
+  ``**中文术语** · ...``) is what the pages the entry links to use wherever their English uses the term, and a
+  competing form that the glossary records (the source tutorial's word where the edition corrects it) is used
+  nowhere except between quotation marks.
+
+The translated book itself is built with ``-W`` by the test command (``tools/dev.py test`` builds both editions
+strictly), and ``tests/test_browser.py`` opens every translated page.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from babel.messages.catalog import Message
+from babel.messages.pofile import read_po
+
+from tools.editions import locales, translations
+
+ROOT = Path(__file__).resolve().parents[1]
+LANGUAGES = translations()
+CATALOGS = [(language, str(po.relative_to(locales() / language / "LC_MESSAGES").with_suffix("")))
+            for language in LANGUAGES for po in sorted((locales() / language / "LC_MESSAGES").rglob("*.po"))]
+
+
+def catalog_path(language: str, domain: str) -> Path:
+    return locales() / language / "LC_MESSAGES" / f"{domain}.po"
+
+
+def messages(language: str, domain: str) -> list[Message]:
+    """The catalog's messages in order, without the header and the obsolete (``#~``) ones."""
+    with catalog_path(language, domain).open("rb") as f:
+        return [m for m in read_po(f, abort_invalid=True) if m.id]
+
+
+def _ids(catalog: list[Message]) -> str:
+    return "\n".join(f"    {m.id[:100]!r}" for m in catalog[:5]) + (
+        f"\n    ... and {len(catalog) - 5} more" if len(catalog) > 5 else "")
+
+
+# ---------------------------------------------------------------------------------------------- complete
+
+@pytest.mark.parametrize(("language", "domain"), CATALOGS, ids=[f"{lang}:{d}" for lang, d in CATALOGS])
+def test_every_message_is_translated_and_none_is_fuzzy(language, domain):
+    catalog = messages(language, domain)
+    empty = [m for m in catalog if not m.string]
+    fuzzy = [m for m in catalog if m.fuzzy and m.string]
+    assert not empty and not fuzzy, (
+        f"{catalog_path(language, domain).relative_to(ROOT)}: {len(empty)} of {len(catalog)} messages untranslated, "
+        f"{len(fuzzy)} fuzzy (changed in English since they were translated: review, then drop the fuzzy flag)"
+        + (f"\n  untranslated:\n{_ids(empty)}" if empty else "") + (f"\n  fuzzy:\n{_ids(fuzzy)}" if fuzzy else ""))
+
+
+# ----------------------------------------------------------------------------------------------- current
+
+@pytest.fixture(scope="module")
+def extracted(tmp_path_factory) -> Path:
+    """The English pages' messages now: Sphinx's gettext builder through tools/editions.py (what
+    ``python3 tools/dev.py catalogs`` runs before ``sphinx-intl update``), one .pot per page."""
+    out = tmp_path_factory.mktemp("gettext") / "gettext"
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "editions.py"), "gettext", "en", "--outdir", str(out)],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, f"extracting the English messages failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return out
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_catalogs_hold_exactly_the_messages_of_the_english_pages(language, extracted):
+    pots = {str(p.relative_to(extracted).with_suffix("")): p for p in extracted.rglob("*.pot")}
+    domains = {d for lang, d in CATALOGS if lang == language}
+    assert pots, "the gettext build wrote no .pot file"
+    problems = [f"{d}: no catalog for this page" for d in sorted(set(pots) - domains)]
+    problems += [f"{d}: a catalog for a page the book no longer has" for d in sorted(domains - set(pots))]
+    for domain in sorted(set(pots) & domains):
+        with pots[domain].open("rb") as f:
+            english = {m.id for m in read_po(f) if m.id}
+        have = {m.id for m in messages(language, domain)}
+        if english - have:
+            problems.append(f"{domain}: {len(english - have)} English message(s) missing, e.g. "
+                            f"{sorted(english - have)[0][:100]!r}")
+        if have - english:
+            problems.append(f"{domain}: {len(have - english)} message(s) no longer in the English page, e.g. "
+                            f"{sorted(have - english)[0][:100]!r}")
+    assert not problems, ("the catalogs are out of date with the English pages: run `python3 tools/dev.py "
+                          "catalogs`, then translate what it leaves empty or fuzzy\n  " + "\n  ".join(problems))
+
+
+# ---------------------------------------------------------------------------------------------- faithful
+
+ROLE = re.compile(r"\{[\w:-]+\}`[^`]*`")  # a MyST role, {doc}`text <target>`: its text may be translated
+CODE = re.compile(r"`[^`]+`")
+MATH = re.compile(r"\$\$.+?\$\$|\$[^$]+\$", re.S)
+LINK = re.compile(r"\]\(([^)]+)\)")
+# a number: not the tail of a Latin word or of another number (a Chinese character may touch it: "第4章")
+NUMBER = re.compile(r"(?<![A-Za-z0-9_.])\d+(?:\.\d+)?(?:e-?\d+)?")
+
+
+def _role_target(role: str) -> str:
+    target = re.search(r"<([^>]+)>`$", role)
+    return role.split("`", 1)[0] + (target.group(1) if target else role.split("`", 1)[1])
+
+
+def prose(text: str) -> str:
+    """``text`` without its code, math and link targets (what a translation rewords)."""
+    return LINK.sub("]", MATH.sub(" ", CODE.sub(" ", ROLE.sub(" ", text))))
+
+
+def mismatches(english: str, translated: str) -> list[str]:
+    """What ``translated`` fails to keep of ``english``: inline code, math and link targets (each the same, as
+    often), the target of each MyST role, and every number of the prose."""
+    problems = []
+    en_roles, tr_roles = ROLE.findall(english), ROLE.findall(translated)
+    for name, a, b in [
+        ("role targets", [_role_target(r) for r in en_roles], [_role_target(r) for r in tr_roles]),
+        ("inline code", CODE.findall(ROLE.sub(" ", english)), CODE.findall(ROLE.sub(" ", translated))),
+        ("math", MATH.findall(CODE.sub(" ", english)), MATH.findall(CODE.sub(" ", translated))),
+        ("link targets", LINK.findall(english), LINK.findall(translated)),
+    ]:
+        if Counter(a) != Counter(b):
+            missing, extra = Counter(a) - Counter(b), Counter(b) - Counter(a)
+            problems.append(f"{name} differ: missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]}")
+    numbers = set(NUMBER.findall(prose(english))) - set(NUMBER.findall(prose(translated)))
+    if numbers:
+        problems.append(f"numbers missing: {sorted(numbers)}")
+    return problems
+
+
+def test_the_faithfulness_check_finds_what_a_translation_dropped():
+    english = "Call `F.softmax` on $QK^\\top / \\sqrt{d_k}$ ([chapter 2](02_x.ipynb)): 0.721 at T = 4096."
+    assert mismatches(english, "对 $QK^\\top / \\sqrt{d_k}$ 调用 `F.softmax`（[第 2 章](02_x.ipynb)）：T = 4096 时为 0.721。") == []
+    assert mismatches(english, "在第2章（[第2章](02_x.ipynb)）中对 $QK^\\top / \\sqrt{d_k}$ 调用 `F.softmax`：T = 4096 时为 0.721。") == []
+    dropped = mismatches(english, "调用 `softmax`，$QK^\\top$（[第 2 章](03_x.ipynb)）：T = 4096 时约为 0.72。")
+    assert [p.split(" ")[0] for p in dropped] == ["inline", "math", "link", "numbers"], dropped
+    assert "0.721" in dropped[-1]
+    assert mismatches("See {doc}`the glossary <glossary>`.", "见{doc}`术语表 <glossary>`。") == []
+    assert mismatches("See {doc}`the glossary <glossary>`.", "见{doc}`术语表 <intro>`。") != []
+
+
+@pytest.mark.parametrize(("language", "domain"), CATALOGS, ids=[f"{lang}:{d}" for lang, d in CATALOGS])
+def test_translations_keep_code_math_links_and_numbers(language, domain):
+    problems = [f"{m.id[:70]!r}\n      " + "; ".join(found) for m in messages(language, domain)
+                if m.string and (found := mismatches(m.id, m.string))]
+    assert not problems, (f"{catalog_path(language, domain).relative_to(ROOT)}: {len(problems)} translation(s) "
+                          "changed what must stay as it is:\n    " + "\n    ".join(problems[:10]))
+
+
+# -------------------------------------------------------------------------------------------- consistent
+
+PAREN = re.compile(r"\s*[（(][^）)]*[）)]")
+DEFINITION = re.compile(r"^(?:—|\*\*(?P<source>[^*]+)\*\*)[^·\n]*· ")  # "**source term** (...) · text" or "— · text"
+TRANSLATED_TERM = re.compile(r"^\*\*(?P<term>[^*]+)\*\*[^·\n]*· ")
+CHAPTER_LINK = re.compile(r"\]\((chapters/[^)#]+)\.ipynb")
+QUOTED = re.compile(r"“[^”]*”|「[^」]*」|‘[^’]*’")
+
+
+def _squash(text: str) -> str:
+    """For comparing terms: no white space (Chinese sets none between its words), Latin letters in lower case."""
+    return re.sub(r"\s+", "", text).casefold()
+
+
+def _parts(term: str) -> list[str]:
+    """A term split at "/", each part with its parenthesis: "GQA / MQA" -> ["GQA", "MQA"]."""
+    return [p for p in re.split(r"\s*/\s*(?![^（(]*[）)])", term.strip()) if p]
+
+
+def _forms(part: str) -> list[str]:
+    """The ways a translated term may be written: "分组查询注意力（GQA）" as itself without the parenthesis, or as
+    the abbreviation in it."""
+    return [PAREN.sub("", part).strip(), *re.findall(r"[（(]([^）)]+)[）)]", part)]
+
+
+def _english_use(word: str) -> re.Pattern:
+    """``word`` as a whole term in English prose, plural or not, capitalised at a sentence start."""
+    head = re.escape(word)
+    if word[:1].islower():
+        head = f"[{word[0]}{word[0].upper()}]{re.escape(word[1:])}"
+    tail = r"(?:y|ies)" if word.endswith("y") else r"(?:s|es)?"
+    if word.endswith("y"):
+        head = head[:-1]
+    return re.compile(rf"(?<![\w-]){head}{tail}(?![\w-])")
+
+
+def glossary_entries(language: str) -> list[dict]:
+    """Each entry of the translated glossary: its English headword, the translated term, the source tutorial's
+    term recorded in the English definition (or None), and the chapters it links to."""
+    catalog = messages(language, "glossary")
+    entries = []
+    for previous, m in zip(catalog, catalog[1:]):
+        definition = DEFINITION.match(m.id)
+        if not definition:
+            continue
+        translated = TRANSLATED_TERM.match(m.string) if m.string else None
+        entries.append({"headword": previous.id, "term": translated.group("term").strip() if translated else None,
+                        "translated": bool(m.string), "source": definition.group("source"),
+                        "chapters": sorted(set(CHAPTER_LINK.findall(m.id)))})
+    return entries
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_the_glossary_gives_every_entry_its_translated_term(language):
+    entries = glossary_entries(language)
+    assert len(entries) >= 60, f"only {len(entries)} glossary entries found: has the glossary's format changed?"
+    unnamed = [e["headword"] for e in entries if e["translated"] and not e["term"]]
+    assert not unnamed, (f"{language} glossary definitions that do not start with the translated term in bold "
+                         f"(`**中文术语** · ...`): {unnamed}")
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_each_glossary_term_is_the_one_its_chapters_use(language):
+    """Wherever the English of a chapter that a glossary entry links to uses the entry's term (outside code,
+    math and link targets), the translation of that message uses the glossary's translated term."""
+    problems = []
+    for entry in glossary_entries(language):
+        if not entry["term"]:
+            continue  # untranslated: test_every_message_is_translated_and_none_is_fuzzy reports it
+        english = [PAREN.sub("", p).strip() for p in _parts(entry["headword"])]
+        translated = _parts(entry["term"])
+        if len(english) != len(translated):
+            english, translated = [PAREN.sub("", entry["headword"]).strip()], [entry["term"]]
+        for domain in entry["chapters"]:
+            # a message kept as it is (a math block, code, a name) has no term to translate
+            for m in (m for m in messages(language, domain) if m.string and m.string != m.id):
+                for word, term in zip(english, translated):
+                    text = _squash(m.string)
+                    if _english_use(word).search(prose(m.id)) and not any(_squash(f) in text for f in _forms(term)):
+                        problems.append(f"{domain}: {word!r} is not {' or '.join(_forms(term))!r} in "
+                                        f"{m.string[:90]!r}")
+    assert not problems, f"{len(problems)} use(s) of a glossary term that differ from the glossary:\n  " + "\n  ".join(
+        problems[:20])
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_no_page_uses_a_competing_form_of_a_glossary_term(language):
+    """The English glossary records the source tutorial's word for a term; where the edition uses another (it
+    corrects the tutorial: 排列等变, not 排列不变), the tutorial's word appears only quoted, “…”."""
+    competing = {e["source"]: e["term"] for e in glossary_entries(language) if e["source"] and e["term"]
+                 and _squash(e["source"]) not in _squash(e["term"]) and _squash(e["term"]) not in _squash(e["source"])}
+    problems = [f"{domain}: {word!r} (the glossary's term is {term!r}) in {m.string[:90]!r}"
+                for lang, domain in CATALOGS if lang == language and domain != "glossary"
+                for m in messages(language, domain) if m.string
+                for word, term in competing.items() if _squash(word) in _squash(QUOTED.sub("", m.string))]
+    assert not problems, "competing forms used unquoted:\n  " + "\n  ".join(problems)
+
+
+def test_the_consistency_checks_see_a_term_in_english_prose_only():
+    assert _english_use("query").search("two queries attend") and _english_use("query").search("Query i")
+    assert not _english_use("head").search(prose("a multi-head layer, head_dim and `head`"))
+    assert _english_use("KV cache").search("both KV caches") and not _english_use("KV cache").search("kv cache")
+    assert not _english_use("mask").search(prose("compare with `attnbook.masks` and $\\text{mask}$"))
+    assert _parts("分组查询注意力（GQA）/ 多查询注意力（MQA）") == ["分组查询注意力（GQA）", "多查询注意力（MQA）"]
+    assert _forms("分组查询注意力（GQA）") == ["分组查询注意力", "GQA"] and _parts("局部/全局注意力") == ["局部", "全局注意力"]
+    assert _squash(QUOTED.sub("", "说成“排列不变”是错的")) == "说成是错的"
