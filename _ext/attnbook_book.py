@@ -18,17 +18,24 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+from docutils import nodes
 from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.config import Config
 from sphinx.errors import ExtensionError
 from sphinx.locale import init as init_locale
 from sphinx.transforms import SphinxTransform
+from sphinx.transforms.i18n import publish_msgstr
+from sphinx.util import logging
 from sphinx.util.i18n import docname_to_domain
+from sphinx.util.nodes import extract_messages
+
+logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
 ROOT_LANGUAGE = "en"  # the edition at the root of the HTML folder; every other one sits in <root>/<language>/
@@ -92,6 +99,54 @@ def _notebook_outputs_aside(app: Sphinx) -> None:
         app.env.mystnb_config = nb_config.copy(output_folder=str(Path(app.doctreedir) / "jupyter_execute"))
 
 
+def _catalog(transform: SphinxTransform) -> Any:
+    """The page's own catalog (what Sphinx's Locale transform reads), or None."""
+    domain = docname_to_domain(transform.env.docname, transform.config.gettext_compact)
+    dirs = [str(Path(transform.env.srcdir, d)) for d in transform.config.locale_dirs]
+    catalog, found = init_locale(dirs, transform.config.language, domain)
+    return catalog if found else None
+
+
+# "0. " or "12) " at the start: Markdown reads a translated "0. 为什么需要注意力？" as a list, not a title
+LIST_MARKER = re.compile(r"^(\s*\d{1,9})([.)])(?=\s)")
+
+
+class ApplyEveryTranslation(SphinxTransform):
+    """No translation in the catalogs is dropped without a word.
+
+    Sphinx parses each translation with the page's parser and silently keeps the English when the result is not
+    one paragraph (or one title). The chapter titles are the case that happens: "0. 为什么需要注意力？" parses as
+    an ordered list. Here a leading list marker is escaped ("0\\.") and the translation applied; any other
+    translation that still cannot be used is a warning, so the strict build (-W) fails on it."""
+
+    default_priority = 21  # right after Sphinx's Locale transform (20)
+
+    def apply(self, **kwargs: Any) -> None:
+        if _language(self.config) == ROOT_LANGUAGE or (catalog := _catalog(self)) is None:
+            return
+        for node, msg in extract_messages(self.document):
+            msgstr = catalog.gettext(msg)
+            if node.get("translated") or not msgstr.strip() or msgstr == msg:
+                continue  # translated, untranslated (test_translation.py reports it) or kept as it is
+            patch = None
+            escaped = LIST_MARKER.sub(r"\1\\\2", msgstr, count=1)
+            if escaped != msgstr and isinstance(node, (nodes.title, nodes.paragraph)):
+                if isinstance(node, nodes.title):  # as Sphinx does: a title underlined into a section
+                    escaped += "\n" + "=" * len(escaped) * 2
+                patch = publish_msgstr(self.app, escaped, self.document["source"], node.line, self.config,
+                                       self.document.settings)
+                patch = patch.next_node() if isinstance(node, nodes.title) else patch
+            if isinstance(patch, (nodes.title, nodes.paragraph)):
+                for child in patch.children:
+                    child.parent = node
+                node.children = patch.children
+                node["translated"] = True
+            else:
+                logger.warning("the translation of %r is not used: it does not read as one paragraph "
+                               "(does it start with a list marker, '#', '>' or a table row?)", msg[:70],
+                               location=node, type="attnbook", subtype="i18n")
+
+
 class TranslateTocCaptions(SphinxTransform):
     """The captions of the table of contents ("Chapters", "Appendices", ...) in the page's language.
 
@@ -104,10 +159,7 @@ class TranslateTocCaptions(SphinxTransform):
     def apply(self, **kwargs: Any) -> None:
         if _language(self.config) == ROOT_LANGUAGE:
             return
-        domain = docname_to_domain(self.env.docname, self.config.gettext_compact)
-        dirs = [str(Path(self.env.srcdir, d)) for d in self.config.locale_dirs]
-        catalog, found = init_locale(dirs, self.config.language, domain)
-        if not found:
+        if (catalog := _catalog(self)) is None:
             return
         for node in self.document.findall(addnodes.toctree):
             caption = node.get("caption")
@@ -145,6 +197,7 @@ def _copy_mathjax(app: Sphinx, exception: Exception | None) -> None:
 
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_css_file("attnbook_book.css")
+    app.add_transform(ApplyEveryTranslation)
     app.add_transform(TranslateTocCaptions)
     app.connect("config-inited", _configure)
     app.connect("builder-inited", _notebook_outputs_aside, priority=900)  # after myst-nb sets its folder (500)

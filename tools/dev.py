@@ -135,8 +135,9 @@ def transformers_legs(_args) -> None:
 
 
 def ensure_chromium() -> None:
-    """Debian's chromium for the browser tests, and a CJK font so that screenshots of the glossary show its
-    Chinese terms (readers' browsers have one; a bare server does not). Best effort outside CI."""
+    """Debian's chromium for the browser tests, and a CJK font for the Chinese edition (readers' browsers have
+    one; a bare server does not): tests/test_browser.py checks that Chinese pages are drawn with real glyphs.
+    Best effort outside CI."""
     wanted = {"chromium": Path(CHROMIUM).exists() or bool(shutil.which("chromium")),
               "fonts-wqy-zenhei": Path("/usr/share/fonts/truetype/wqy").exists()}
     missing = [pkg for pkg, present in wanted.items() if not present]
