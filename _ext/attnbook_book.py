@@ -13,7 +13,9 @@
 * **The interface in the page's language.** The themes translate their own strings (search, contents,
   buttons) when Sphinx's ``language`` is set; two things of ours would stay English in a translation: the
   captions of the table of contents (``_toc.yml``), looked up here in the root page's catalog, and Jupyter
-  Book's "Search this book..." placeholder, dropped so that the theme's translated one shows.
+  Book's "Search this book..." placeholder, replaced by Sphinx's own translated "Search". The book's title, a
+  configuration value, comes from ``attnbook_titles`` in ``_config.yml``.
+* **No translation dropped in silence** (``ApplyEveryTranslation``): see there.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.config import Config
 from sphinx.errors import ExtensionError
+from sphinx.locale import _ as sphinx_gettext
 from sphinx.locale import init as init_locale
 from sphinx.transforms import SphinxTransform
 from sphinx.transforms.i18n import publish_msgstr
@@ -68,9 +71,8 @@ def _configure(app: Sphinx, config: Config) -> None:
     options["article_header_end"] = ["language-switch.html",
                                      *options.get("article_header_end", ["article-header-buttons.html"])]
     if _language(config) != ROOT_LANGUAGE:
-        # Jupyter Book sets the search box's text to "Search this book..." in English; without it the theme
-        # writes its own translated "Search" (搜索...)
-        options.pop("search_bar_text", None)
+        # the book's title (the sidebar, the browser tab) in this language, from attnbook_titles in _config.yml
+        config.html_title = config.attnbook_titles.get(_language(config), config.html_title)
     config.html_theme_options = options
     config.mathjax_path = MATHJAX_PATH
 
@@ -88,6 +90,10 @@ def _page_context(app: Sphinx, pagename: str, templatename: str, context: dict[s
         links.append({"href": f"{up}{folder}{pagename}{app.builder.link_suffix}", "name": name, "title": title,
                       "tag": language.replace("_", "-")})
     context["attnbook_languages"] = links
+    if here != ROOT_LANGUAGE:
+        # the search box's placeholder: Jupyter Book sets it to "Search this book..." and sphinx-book-theme's
+        # own catalog has no "Search"; Sphinx's (with the theme's) has it: 搜索...
+        context["theme_search_bar_text"] = f"{sphinx_gettext('Search')}..."
 
 
 def _notebook_outputs_aside(app: Sphinx) -> None:
@@ -196,11 +202,13 @@ def _copy_mathjax(app: Sphinx, exception: Exception | None) -> None:
 
 
 def setup(app: Sphinx) -> dict[str, Any]:
+    # {language: the book's title in it}; the English title is `title:` in _config.yml
+    app.add_config_value("attnbook_titles", {}, "html", dict)
     app.add_css_file("attnbook_book.css")
     app.add_transform(ApplyEveryTranslation)
     app.add_transform(TranslateTocCaptions)
     app.connect("config-inited", _configure)
     app.connect("builder-inited", _notebook_outputs_aside, priority=900)  # after myst-nb sets its folder (500)
-    app.connect("html-page-context", _page_context)
+    app.connect("html-page-context", _page_context, priority=900)  # after the theme's own (500)
     app.connect("build-finished", _copy_mathjax)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

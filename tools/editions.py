@@ -55,6 +55,10 @@ def html_dir(language: str) -> Path:
 def build(language: str, builder: str = "html", strict: bool = False, outdir: Path | None = None) -> int:
     """Sphinx through Jupyter Book, from scratch (like ``jupyter-book build --all``); returns the exit status."""
     from jupyter_book.sphinx import build_sphinx
+    from sphinx.util.console import nocolor
+
+    if not sys.stdout.isatty():
+        nocolor()  # plain text in a log file
 
     # English html keeps jupyter-book's own doctree folder; any other build has its own, so that no two builds
     # (the editions run side by side) share one. A translation's doctree folder also holds the images myst-nb
