@@ -169,7 +169,7 @@ def catalogs(_args) -> None:
     ensure_venv()
     run(PY, "tools/editions.py", "catalogs")
     print("\nTranslate what is now empty or fuzzy in the catalogs listed as updated above "
-          "(`python3 tools/dev.py test -- tests/test_translation.py` lists them).")
+          "(`.venv/bin/python -m pytest tests/test_translation.py` lists them).")
 
 
 def _env(**extra) -> dict:
