@@ -90,9 +90,12 @@ def _page_context(app: Sphinx, pagename: str, templatename: str, context: dict[s
         links.append({"href": f"{up}{folder}{pagename}{app.builder.link_suffix}", "name": name, "title": title,
                       "tag": language.replace("_", "-")})
     context["attnbook_languages"] = links
-    if here != ROOT_LANGUAGE:
-        # the search box's placeholder: Jupyter Book sets it to "Search this book..." and sphinx-book-theme's
-        # own catalog has no "Search"; Sphinx's (with the theme's) has it: 搜索...
+
+
+def _search_text(app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any) -> None:
+    """A translation's search box placeholder: Jupyter Book sets it to "Search this book..." and
+    sphinx-book-theme's own catalog has no "Search"; Sphinx's (with the theme's) has it: 搜索..."""
+    if _language(app.config) != ROOT_LANGUAGE:
         context["theme_search_bar_text"] = f"{sphinx_gettext('Search')}..."
 
 
@@ -209,6 +212,9 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_transform(TranslateTocCaptions)
     app.connect("config-inited", _configure)
     app.connect("builder-inited", _notebook_outputs_aside, priority=900)  # after myst-nb sets its folder (500)
-    app.connect("html-page-context", _page_context, priority=900)  # after the theme's own (500)
+    # the links before pydata-sphinx-theme (500) drops the header templates that render empty; the search text
+    # after sphinx-book-theme (500) sets its own
+    app.connect("html-page-context", _page_context, priority=400)
+    app.connect("html-page-context", _search_text, priority=900)
     app.connect("build-finished", _copy_mathjax)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
