@@ -103,13 +103,16 @@ def test_every_static_frame_shows_its_texts_whole_and_apart(name, no_tensor_to_n
 @pytest.mark.parametrize("num_heads", [1, 2, 4, 8, 16, 32])
 def test_every_head_count_fits(num_heads):
     """The heads explorer's scrubber shows 1 to 32 heads; the live one the same: every layout's words fit and
-    read, four tiles a row (32 heads: eight rows, a tall figure)."""
+    read, four tiles a row with a word on every row (32 heads: eight a row, a word on every other row)."""
     ex = heads_explorer()
-    ex.update(num_heads=num_heads)
+    d = ex.update(num_heads=num_heads)
     assert_frame_readable(ex.figure, f"{num_heads} heads")
     w, h = ex.figure.get_size_inches()
-    rows = -(-num_heads // 4)
-    assert 3.5 <= w <= 9.6 and h <= 1.5 + 2.2 * rows, f"{num_heads} heads: a {w:.1f} x {h:.1f} inch figure"
+    assert 3.5 <= w <= 9.6 and h <= 9.5, f"{num_heads} heads: a {w:.1f} x {h:.1f} inch figure"
+    words = [t.get_text() for t in ex.figure.axes[0].texts if not t.get_text().startswith("head")]
+    ncols = min(num_heads, 4) if num_heads <= 16 else 8
+    labelled = (-(-num_heads // ncols) + ncols) * len(d["tokens"])
+    assert len(words) == (labelled if num_heads <= 16 else sum(1 for _ in range(0, len(d["tokens"]), 2)) * (4 + 8))
 
 
 def test_a_long_sentence_keeps_the_heads_words_readable():

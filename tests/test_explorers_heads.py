@@ -21,7 +21,7 @@ def test_maps_change_with_the_count_but_parameters_do_not():
         torch.testing.assert_close(d["weights"].sum(-1), torch.ones(h, T))
         assert d["head_dim"] * h == 32
         tiles = torch.as_tensor(ex.figure.axes[0].images[0].get_array().filled(np.nan))
-        ncols = min(h, 4)
+        ncols = min(h, 4) if h <= 16 else 8
         for head in range(h):  # every head's map is drawn in its tile, under a blank row for its name
             r, c = divmod(head, ncols)
             top = r * (T + 2) + 1

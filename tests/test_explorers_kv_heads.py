@@ -177,9 +177,14 @@ def test_a_measurement_says_so_while_it_runs(monkeypatch):
     ex = kv_heads_explorer({}, seq_len_options=SEQ, static_num_heads=(8,), static_seq_len=(64,))
     messages = []
     ex.caption_widget.observe(lambda change: messages.append(change["new"]), names="value")
+    assert "measured just now" in ex.caption_widget.value  # nothing was given: measured when it was made
+    assert "measured when the page was built" in ex.static_html()
     ex.control_widgets["seq_len"].value = 128
     assert "measuring one decoding step for every KV choice at H = 8, S = 128 on cpu" in messages[0]
-    assert "measuring" not in messages[-1]
+    assert "measuring" not in messages[-1] and "measured just now" in messages[-1]
+    given = kv_heads_explorer(fake_decode_timings(HEADS, SEQ), seq_len_options=SEQ, static_num_heads=(8,),
+                              static_seq_len=(64,))
+    assert "measured earlier in this notebook" in given.caption_widget.value
     messages.clear()
     ex.control_widgets["seq_len"].value = 64  # measured when the explorer was made
     assert not any("measuring" in m for m in messages)

@@ -258,8 +258,9 @@ class Control:
                                      **common)
         if self.kind == "toggle":
             # ipywidgets 8 puts ToggleButtons' description above its buttons (a block, not an inline box):
-            # a row puts it beside them, as for every other control
-            return W.ToggleButtons(layout=W.Layout(display="flex", flex_flow="row", align_items="center"),
+            # a row puts it beside them, as for every other control; where the row is too narrow for both,
+            # the buttons wrap onto the next line (in a plain row the description would shrink to "KV he...")
+            return W.ToggleButtons(layout=W.Layout(display="flex", flex_flow="row wrap", align_items="center"),
                                    **{**common, "style": {**common["style"], "button_width": "auto"}})
         # as wide as its longest choice (a sentence), at most the output's width
         return W.Dropdown(layout=W.Layout(width="max-content", max_width="100%"), **common)
@@ -616,7 +617,7 @@ class Explorer:
         live = self._widget is not None and self._refresh
         message = self.busy(dict(self.values)) if live and self.busy is not None else None
         if message:
-            self._caption_w.value = (f'<span style="color:#8a5a00">&#8987; {html.escape(message)}</span>')
+            self._caption_w.value = (f'<div style="line-height:1.4;color:#8a5a00">&#8987; {html.escape(message)}</div>')
         self.data = self.compute(**self.values)
         self.figure = self._picture(self.data, LIVE_SCALE if live else 1)
         if live:
@@ -707,8 +708,8 @@ class Explorer:
                 if not c.shown:
                     w.layout.display = "none"  # one value: it would change nothing
                 if c.hint:
-                    note = W.HTML(f'<span style="color:#555;font-size:90%;line-height:1.3">'
-                                  f'{html.escape(c.hint)}</span>', layout=W.Layout(margin="0 0 0 0.8em"))
+                    note = W.HTML(f'<div style="color:#555;font-size:90%;line-height:1.3">{html.escape(c.hint)}</div>',
+                                  layout=W.Layout(margin="0 0 0 0.8em", max_width="36em"))
                     rows.append(W.HBox([w, note], layout=W.Layout(align_items="center", flex_flow="row wrap")))
                 else:
                     rows.append(w)
@@ -769,7 +770,7 @@ class Explorer:
         if self._image_w.layout.width != f"{width}px":
             self._image_w.layout.width = f"{width}px"
         self._image_w.value = figure_png(self.figure)
-        self._caption_w.value = html.escape(self.caption_text())
+        self._caption_w.value = f'<div style="line-height:1.4">{html.escape(self.caption_text())}</div>'
 
     # -- static scrubber -----------------------------------------------------------
     def frames(self) -> Iterator[tuple[dict, bytes, str]]:

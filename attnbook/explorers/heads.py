@@ -86,7 +86,10 @@ def heads_explorer(d_model: int = 32, sentences: list[str] | None = None, seed: 
         return heads_mosaic(torch.cat([blank, weights], dim=1), ncols(H))  # (rows, cols)
 
     def ncols(H: int) -> int:
-        return min(H, 4)  # four tiles a row: with a word on every row and column, the figure fits the page
+        # four tiles a row: with a word on every row and column, the figure fits the page; 32 heads take eight
+        # a row of smaller tiles, a word on every other row (eight rows of tiles would make a figure too big
+        # to redraw in a tenth of a second)
+        return min(H, 4) if H <= 16 else 8
 
     def layout(d: dict) -> tuple[int, tuple[str, ...]]:
         return d["num_heads"], tuple(d["tokens"])  # the words are drawn once per figure

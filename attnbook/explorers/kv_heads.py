@@ -98,6 +98,7 @@ def kv_heads_explorer(
     frames' layout never depends on a timing.
     """
     costs = {} if measured is None else measured
+    live: set[tuple] = set()  # the timings this explorer measured (the others came in ``measured``)
     heads, seq_lens = list(num_heads_options), list(seq_len_options)
 
     def missing(H: int, S: int, device: str) -> list[int]:
@@ -116,7 +117,9 @@ def kv_heads_explorer(
         bench_len = max(1, S // BENCH_DIVISOR)
         missing = [h for h in options if decode_key(H, h, bench_len, device) not in costs]
         if missing:
-            costs.update(measure_decode(H, S, missing, device=device, rounds=rounds, seed=seed))
+            new = measure_decode(H, S, missing, device=device, rounds=rounds, seed=seed)
+            costs.update(new)
+            live.update(new)
         return {h: costs[decode_key(H, h, bench_len, device)] for h in options}
 
     def compute(num_heads: int, kv: str, seq_len: int, device: str) -> dict:
@@ -184,14 +187,21 @@ def kv_heads_explorer(
         art["title"].set_text(f"H = {d['num_heads']} query heads, {d['num_kv_heads']} KV heads "
                               f"({d['group']} queries per KV head), S = {d['seq_len']:,}")
 
-    def caption(d: dict) -> str:
+    def numbers(d: dict) -> str:
         mha = d["time_s"][0]
         t = d["time_s"][d["current"]]
         return (f"{d['kv']} with H = {d['num_heads']}: {d['num_kv_heads']} KV heads; cache "
                 f"{_fmt_bytes(d['bytes_per_token'])} per token, {_fmt_bytes(d['cache_bytes'])} at S = {d['seq_len']:,} "
                 f"({MODEL['num_layers']} layers, head dim {MODEL['head_dim']}, fp16, batch 1; "
                 f"{d['group']}x less than MHA). One step's attention at benchmark scale: {t * 1e3:.3g} ms vs "
-                f"{mha * 1e3:.3g} ms for MHA (measured on {d['device']} when this was built)")
+                f"{mha * 1e3:.3g} ms for MHA (fastest of interleaved rounds on {d['device']}")
+
+    def static_caption(d: dict) -> str:
+        return f"{numbers(d)}, measured when the page was built)"
+
+    def caption(d: dict) -> str:
+        now = decode_key(d["num_heads"], d["num_kv_heads"], d["bench_len"], d["device"]) in live
+        return f"{numbers(d)}, {'measured just now' if now else 'measured earlier in this notebook'})"
 
     static_num_heads, static_seq_len = list(static_num_heads), list(static_seq_len)
     return Explorer(
@@ -203,5 +213,5 @@ def kv_heads_explorer(
                     fmt=lambda s: f"{s:,}"),
             device_control(),
         ],
-        compute, caption=caption, layout=layout, build=build, redraw=redraw, busy=busy,
+        compute, caption=caption, layout=layout, build=build, redraw=redraw, busy=busy, static_caption=static_caption,
     )

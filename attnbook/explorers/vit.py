@@ -49,7 +49,9 @@ def _drawing_pad(explorer: Explorer, drawing: torch.Tensor, stored: tuple[torch.
     pixels = [W.Button(tooltip=f"row {r}, column {c}", layout=W.Layout(width="26px", height="26px", padding="0",
                                                                         margin="0", border="1px solid #bbb"))
               for r in range(Ih) for c in range(Iw)]
+    # a row, as the explorers' own toggles (ipywidgets 8 puts a description above its buttons otherwise)
     tool = W.ToggleButtons(options=list(PAD_TOOLS), value=PAD_TOOLS[0], description="click to",
+                           layout=W.Layout(display="flex", flex_flow="row wrap", align_items="center"),
                            style={"description_width": "initial", "button_width": "auto"},
                            tooltips=["ink the pixel, and its four neighbours half", "clear the pixel, and "
                                      "lighten its four neighbours by half"])
@@ -190,7 +192,9 @@ def vit_explorer(model: VisionTransformer, images: torch.Tensor, labels: torch.T
 
     def redraw(d: dict, art: dict[str, Any]) -> None:
         att = d["attention"]
-        top = max(float(att.max()), 1e-6)
+        # colours from 0 to the largest weight, but at least twice the uniform share: a flat map (an untrained
+        # model, a blank drawing) shows pale, not as if every patch held the most
+        top = max(float(att.max()), 2.0 / att.numel())
         # the paper tinted red as strongly as [CLS]'s weight on the patch, then the ink darkens it: the strokes
         # stay as readable as on white paper wherever the attention goes
         alpha = 0.85 * d["per_pixel"].numpy()[..., None] / top  # (Ih, Iw, 1)
