@@ -385,9 +385,9 @@ def test_a_slow_update_says_so_while_it_computes():
     ex.widget  # noqa: B018
     seen.clear()
     ex.control_widgets["n"].value = 2  # quick: no message
-    assert seen == ["n is 1"] and ex.caption_widget.value == "n is 2"
+    assert len(seen) == 1 and "n is 1" in seen[0] and "n is 2" in ex.caption_widget.value
     ex.control_widgets["n"].value = 3
-    assert "measuring n = 3" in seen[-1] and ex.caption_widget.value == "n is 3"
+    assert "measuring n = 3" in seen[-1] and "n is 3" in ex.caption_widget.value
     ex.control_widgets["n"].value = 1
     ex.control_widgets["n"].value = 3  # measured before: no message
     assert "measuring" not in seen[-1]
@@ -399,4 +399,4 @@ def test_the_books_frames_take_the_static_caption():
     assert [cap for _, _, cap in ex.frames()] == ["built 1", "built 2"]
     assert ex.caption_text() == "live 1" and ex.caption_text(static=True) == "built 1"
     assert "built 2" in ex.static_html() and "live" not in ex.static_html()
-    assert ex.caption_widget.value == "live 1"
+    assert "live 1" in ex.caption_widget.value and "built" not in ex.caption_widget.value
