@@ -104,7 +104,7 @@ LIVE_SCALE = 2
 # Under Colab the live widget is shown with a plain display(widget); this goes under it, holding the static
 # scrubber (the frames the book shows), folded: it stays usable when Colab's widget manager fails.
 COLAB_FALLBACK = ('<details class="attnbook-fallback" style="margin-top:4px"><summary style="cursor:pointer;'
-                  'color:#555">Static preview (pre-rendered frames): open it if the live explorer above shows '
+                  'font-family:sans-serif;font-size:90%;color:#555">Static preview (pre-rendered frames): open it if the live explorer above shows '
                   'nothing or an error; running the cell again usually brings the live one back</summary>'
                   '$scrubber</details>')
 
