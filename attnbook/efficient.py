@@ -1324,12 +1324,14 @@ def measure_costs(
     batch_size: int = 1,
     num_heads: int = 2,
     head_dim: int = 32,
+    reduce: str = "min",
 ) -> dict[tuple, dict]:
     """Time (and track the memory of) each variant in ``names`` at each T, on ``make_inputs(T)``:
     :func:`attnbook.measure.cost_curves` of :func:`attention_call`. Returns ``{cost_key(name, T,
     window): {"time_s", "peak_bytes", "largest_bytes"}}`` (no memory keys with ``memory=False``). All
     variants of one T are timed together, interleaved, with ``threads`` torch threads (default 1, as
-    ``bench/``: steadier on a shared machine; ``None`` keeps the current setting; restored afterwards)."""
+    ``bench/``: steadier on a shared machine; ``None`` keeps the current setting; restored afterwards);
+    ``reduce`` keeps the fastest round (``"min"``) or the median (``"median"``, as chapter 8 and ``bench/``)."""
     for name in names:
         variant(name)
 
@@ -1337,7 +1339,7 @@ def measure_costs(
         q, k, v = make_inputs(T, batch_size=batch_size, num_heads=num_heads, head_dim=head_dim, seed=seed)
         return {cost_key(name, T, window): attention_call(name, q, k, v, window) for name in names}
 
-    return cost_curves(calls_at, t_values, rounds=rounds, memory=memory, threads=threads)
+    return cost_curves(calls_at, t_values, rounds=rounds, memory=memory, threads=threads, reduce=reduce)
 
 
 # ----------------------------------------------------------------------------- linear attention with decay

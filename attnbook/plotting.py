@@ -10,7 +10,8 @@ figures the explorers render:
 * :func:`heads_mosaic`: H maps tiled into one image (one ``imshow`` instead of
   H axes: what the explorers draw, far faster to update);
 * :func:`log_bars`: horizontal bars on a log axis with a value label each,
-  whose lengths change (the explorers' time and memory bars);
+  whose lengths change (the explorers' time and memory bars); :func:`text_color_on`: black or white,
+  whichever reads better on a given colour;
 * :func:`index_ticks`: integer ticks only on an axis that counts positions (a heatmap's query and key
   axes: token 2, never 2.5).
 
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from matplotlib.text import Text
 
-__all__ = ["attention_heatmap", "heads_grid", "heads_mosaic", "index_ticks", "log_bars", "LogBars", "to_numpy"]
+__all__ = ["attention_heatmap", "heads_grid", "heads_mosaic", "index_ticks", "log_bars", "LogBars", "text_color_on",
+           "to_numpy"]
 
 
 def to_numpy(x: Any) -> np.ndarray:
@@ -141,6 +143,19 @@ def heads_mosaic(weights: torch.Tensor, ncols: int) -> torch.Tensor:
     return out
 
 
+def text_color_on(color: Any) -> str:
+    """``"black"`` or ``"white"``, whichever has the higher contrast ratio (WCAG's relative luminance) with
+    a background of ``color`` (any matplotlib colour): black on light grey or tab:orange, white on navy."""
+    from matplotlib.colors import to_rgb
+
+    def linear(c: float) -> float:
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (linear(c) for c in to_rgb(color))
+    luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    return "black" if (luminance + 0.05) / 0.05 >= 1.05 / (luminance + 0.05) else "white"
+
+
 @dataclass
 class LogBars:
     """Horizontal bars on a log x axis that start at ``lo``, each with a value label after its end
@@ -152,8 +167,9 @@ class LogBars:
 
     def set(self, values: Sequence[float], labels: Sequence[str]) -> None:
         """Bar ``i`` ends at ``values[i]`` (at least just past ``lo``, so a log axis can show it), with
-        ``labels[i]`` written after it, or inside its end (in white) when the bar reaches past 55% of the
-        axis: after it, the label would run out of the axes and the figure."""
+        ``labels[i]`` written after it, or inside its end when the bar reaches past 55% of the axis (after
+        it, the label would run out of the axes and the figure): in black or white, whichever stands out
+        more against the bar's colour (:func:`text_color_on`), so set the bars' colours first."""
         for bar, text, value, label in zip(self.bars, self.texts, values, labels):
             x = max(value, self.lo * 1.0001)
             bar.set_width(x - self.lo)
@@ -161,7 +177,7 @@ class LogBars:
             inside = math.log(x / lo) > 0.55 * math.log(hi / lo)
             text.set_x(x / 1.15 if inside else x * 1.15)
             text.set_horizontalalignment("right" if inside else "left")
-            text.set_color("white" if inside else "black")
+            text.set_color(text_color_on(bar.get_facecolor()) if inside else "black")
             text.set_text(label)
 
     @property

@@ -22,7 +22,6 @@ import math
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.text import Text
 from PIL import Image
 
 from attnbook.explorers.base import Explorer, figure_png
@@ -41,9 +40,22 @@ def png_pixels(png: bytes) -> np.ndarray:
 
 
 def full_render(fig: Figure) -> np.ndarray:
-    """The figure rendered from scratch by ``savefig`` (every artist, in z-order), as RGB pixels."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=fig.dpi)
+    """The figure rendered from scratch by ``savefig`` (every artist, in z-order), as RGB pixels.
+
+    The fast path marks its changing artists as animated, and a figure leaves an animated artist of its own
+    (a ``suptitle``, a ``fig.text``) out of every render, ``savefig`` included: they are made ordinary for
+    the render, so that the full render shows them."""
+    from matplotlib.artist import Artist
+
+    animated = [a for a in fig.findobj(Artist) if a.get_animated()]
+    for a in animated:
+        a.set_animated(False)
+    try:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=fig.dpi)
+    finally:
+        for a in animated:
+            a.set_animated(True)
     return png_pixels(buf.getvalue())
 
 
@@ -146,17 +158,23 @@ def assert_texts_fit(fig: Figure, where: str = "") -> None:
     assert not problems, f"{where}: " + "; ".join(problems[:8])
 
 
-def assert_frame_readable(fig: Figure, where: str = "", *, pixels: bool = False, max_width: int = 700) -> None:
+MIN_TEXT_PX = 10  # the smallest text a frame may show, in CSS pixels at the size it is displayed
+COLUMN_PX = 700  # the book's column: a wider figure is shown scaled down to it
+
+
+def assert_frame_readable(fig: Figure, where: str = "", *, pixels: bool = False, max_width: int = COLUMN_PX) -> None:
     """One explorer frame as a reader sees it: a PNG, every text inside the figure and apart from the others,
-    none under 9 pt (9 px at the figures' 72 dpi); with ``pixels`` (slow: decodes the PNG) also something
-    drawn, the whole figure at its own size, and no wider than the book's column."""
+    the figure no wider than the book's column (``max_width`` CSS pixels; a wider one would be shown scaled
+    down) and no text under :data:`MIN_TEXT_PX` pixels as displayed (10 pt at the figures' 72 dpi, one
+    point a CSS pixel). With ``pixels`` (slow: decodes the PNG) also something drawn, and the whole figure
+    at its own size."""
     png = figure_png(fig)
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     if pixels:
         px = assert_shows_something(png)
         assert px.shape[:2] == fig.canvas.get_width_height()[::-1], where  # the whole figure, at its own size
-        assert px.shape[1] <= max_width, where  # fits the book's column at its natural size
+    css_width = fig.get_size_inches()[0] * 72  # the live widget and the book show 72 dpi figures 1:1
+    assert css_width <= max_width + 0.5, f"{where}: {css_width:.0f} px wide, wider than the column ({max_width})"
     assert_texts_fit(fig, where)
-    small = [(t.get_text(), t.get_fontsize()) for t in fig.findobj(Text)
-             if t.get_visible() and t.get_text().strip() and t.get_fontsize() < 9]
-    assert not small, (where, small)
+    small = [(t.get_text(), t.get_fontsize()) for t in _drawn_texts(fig) if t.get_fontsize() < MIN_TEXT_PX]
+    assert not small, f"{where}: text under {MIN_TEXT_PX} px: {small[:6]}"

@@ -145,14 +145,35 @@ def test_jupyter_display_publishes_widget_view_and_html(monkeypatch):
     assert data["text/plain"] == "<Toy explorer: a=2, b=up>"
 
 
-def test_colab_display_is_a_plain_display_of_the_widget(monkeypatch):
+def test_colab_display_is_a_plain_display_of_the_widget_then_the_static_fallback(monkeypatch):
+    """Under Colab (simulated: ``google.colab`` in sys.modules) the widget goes out with a plain
+    display(widget), which Colab's display hook needs, and then the book's scrubber, folded, as a fallback
+    that works without the widget manager: every frame, and the range inputs that switch them."""
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     shown = _capture(monkeypatch)
     ex = _toy()
     ex._ipython_display_()
-    assert len(shown) == 1
+    assert len(shown) == 2
     (obj,), kw = shown[0]
     assert obj is ex.widget and kw == {}
+    (fallback,), kw = shown[1]
+    assert kw == {"raw": True} and set(fallback) == {"text/html", "text/plain"}
+    page = fallback["text/html"]
+    assert page.startswith("<details") and page.endswith("</details>") and "<summary" in page
+    assert ex.static_html() in page  # the whole scrubber, as the book shows it
+    assert len(re.findall(r'<div class="ab-frame"', page)) == 6 and 'class="ab-range"' in page
+    assert WIDGET_VIEW_MIME not in fallback
+
+
+def test_colab_fallback_frames_are_real_pictures(monkeypatch):
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    shown = _capture(monkeypatch)
+    _toy()._ipython_display_()
+    pngs = re.findall(r'src="data:image/png;base64,([^"]+)"', shown[1][0][0]["text/html"])
+    import base64
+
+    pictures = [assert_shows_something(base64.b64decode(png)) for png in pngs]
+    assert len(pictures) == 6 and any((a != b).any() for a, b in zip(pictures, pictures[1:]))
 
 
 def test_display_renders_the_frames_before_the_widget_exists(monkeypatch):
@@ -231,3 +252,151 @@ def test_hook_arguments_are_checked():
 
     with pytest.raises(TypeError, match="not what holds them"):
         Explorer("X", [Control("a", [1])], lambda a: {}, build=build_with_axes, redraw=lambda d, art: None)
+
+
+# ----------------------------------------------------------------------------- limits, hints, busy, captions
+
+
+def _bounded(calls=None, hint=None):
+    """n in 1..5, k in 0..4 but at most n - 1; the offset applies only when mode is "shift"."""
+
+    def compute(n, k, mode, offset):
+        if calls is not None:
+            calls.append((n, k, mode, offset))
+        return {"n": n, "k": k, "mode": mode, "offset": offset}
+
+    def draw(d):
+        fig = Figure(figsize=(2, 1.5), dpi=40)
+        fig.subplots().bar(range(d["n"]), [d["k"] + (d["offset"] if d["mode"] == "shift" else 0)] * d["n"])
+        return fig
+
+    return Explorer("Bounded", [Control("n", [1, 2, 3, 4, 5], 3), Control("k", [0, 1, 2, 3, 4], 2),
+                                Control("mode", ["plain", "shift"], kind="toggle"),
+                                Control("offset", [0, 10, 20], 10, hint=hint)],
+                    compute, draw, caption=lambda d: f"n={d['n']}",
+                    limits=lambda v: {"k": list(range(v["n"])), "offset": None if v["mode"] == "plain" else [0, 10, 20]})
+
+
+def test_limits_move_a_value_to_the_nearest_allowed_one():
+    calls = []
+    ex = _bounded(calls)
+    assert ex.values["k"] == 2 and ex.allowed == {"k": [0, 1, 2], "offset": None}
+    ex.update(n=2)  # k = 2 is out of range now: the nearest allowed is 1
+    assert ex.values["k"] == 1 and calls[-1] == (2, 1, "plain", 10)
+    ex.update(k=4)  # asking for too much gives the most there is
+    assert ex.values["k"] == 1
+    ex.update(n=5, k=4)
+    assert ex.values["k"] == 4
+    ex.update(n=1)
+    assert ex.values["k"] == 0 and ex.allowed["k"] == [0]
+
+
+def test_a_control_that_does_not_apply_is_named_in_the_caption():
+    ex = _bounded()
+    assert [c.name for c in ex.unused()] == ["offset"]
+    assert ex.caption_text() == "n=3; offset does not apply here"
+    ex.update(mode="shift")
+    assert ex.unused() == [] and ex.caption_text() == "n=3"
+
+
+def test_bad_limits_are_refused():
+    def explorer(limits):
+        return Explorer("X", [Control("a", [1, 2])], lambda a: {"a": a}, lambda d: Figure(figsize=(1, 1), dpi=20),
+                        limits=limits)
+
+    with pytest.raises(ValueError, match="non-empty subset"):
+        explorer(lambda v: {"a": []})
+    with pytest.raises(ValueError, match="non-empty subset"):
+        explorer(lambda v: {"a": [3]})
+    with pytest.raises(KeyError, match="no control named 'b'"):
+        explorer(lambda v: {"b": [1]})
+
+
+def test_the_live_widget_offers_only_what_applies():
+    ex = _bounded()
+    k, offset = ex.control_widgets["k"], ex.control_widgets["offset"]
+    assert [v for _, v in k.options] == [0, 1, 2] and k.value == 2 and not k.disabled
+    assert offset.disabled  # mode "plain": the offset does not apply
+    ex.control_widgets["n"].value = 2  # the slider moves: k's range shrinks and its value follows
+    assert [v for _, v in k.options] == [0, 1] and k.value == 1 and ex.values["k"] == 1
+    ex.control_widgets["n"].value = 1
+    assert [v for _, v in k.options] == [0] and k.disabled  # one value left: nothing to move
+    ex.control_widgets["n"].value = 5
+    assert [v for _, v in k.options] == [0, 1, 2, 3, 4] and not k.disabled and ex.values["k"] == 0
+    k.value = 4
+    assert ex.values["k"] == 4 and ex.data["k"] == 4
+    ex.control_widgets["mode"].value = "shift"
+    assert not offset.disabled
+    offset.value = 20
+    assert ex.data["offset"] == 20
+    assert "does not apply" not in ex.caption_widget.value
+    ex.control_widgets["mode"].value = "plain"
+    assert offset.disabled and "offset does not apply here" in ex.caption_widget.value
+
+
+def test_setting_new_options_does_not_recompute_with_a_stray_value():
+    calls = []
+    ex = _bounded(calls)
+    ex.widget  # noqa: B018
+    calls.clear()
+    ex.control_widgets["n"].value = 1  # k's options become [0]: one update, with k = 0
+    assert calls == [(1, 0, "plain", 10)]
+
+
+def test_a_hint_is_shown_beside_its_control_and_a_lone_value_without_one_is_hidden():
+    ex = _bounded(hint="what the offset adds")
+    box = ex.widget
+    rows = [w for w in box.children if isinstance(w, ipywidgets.HBox)]
+    assert len(rows) == 1 and rows[0].children[0] is ex.control_widgets["offset"]
+    assert "what the offset adds" in rows[0].children[1].value
+    lone = Explorer("Lone", [Control("a", [1, 2]), Control("b", [7])], lambda a, b: {"a": a},
+                    lambda d: Figure(figsize=(1, 1), dpi=20))
+    assert lone.control_widgets["b"].layout.display == "none" and lone.control_widgets["a"].layout.display != "none"
+    assert "b = 7" not in lone.static_html()
+    hinted = Explorer("Hinted", [Control("a", [1, 2]), Control("b", [7], hint="only 7 here")], lambda a, b: {"a": a},
+                      lambda d: Figure(figsize=(1, 1), dpi=20))
+    assert hinted.control_widgets["b"].layout.display != "none" and hinted.control_widgets["b"].disabled
+    assert "b = 7 (run the notebook" in hinted.static_html()
+
+
+def test_the_device_control_says_what_it_means(monkeypatch):
+    import attnbook.explorers.base as base
+
+    monkeypatch.setattr(base, "available_devices", lambda: ["cpu"])
+    c = base.device_control()
+    assert c.values == ["cpu"] and c.shown and "torch.cuda.is_available() is False" in c.hint
+    monkeypatch.setattr(base, "available_devices", lambda: ["cpu", "cuda"])
+    c = base.device_control()
+    assert c.values == ["cpu", "cuda"] and "GPU (cuda)" in c.hint and "no GPU" not in c.hint
+
+
+def test_a_slow_update_says_so_while_it_computes():
+    seen, holder, measured = [], [], {1, 2}
+
+    def compute(n):  # what the live caption says while compute runs; n = 3 is measured once, then kept
+        seen.append(holder[0].caption_widget.value if holder and holder[0]._widget is not None else None)
+        measured.add(n)
+        return {"n": n}
+
+    ex = Explorer("Slow", [Control("n", [1, 2, 3])], compute, lambda d: Figure(figsize=(1, 1), dpi=20),
+                  caption=lambda d: f"n is {d['n']}",
+                  busy=lambda v: None if v["n"] in measured else f"measuring n = {v['n']}")
+    holder.append(ex)
+    ex.widget  # noqa: B018
+    seen.clear()
+    ex.control_widgets["n"].value = 2  # quick: no message
+    assert len(seen) == 1 and "n is 1" in seen[0] and "n is 2" in ex.caption_widget.value
+    ex.control_widgets["n"].value = 3
+    assert "measuring n = 3" in seen[-1] and "n is 3" in ex.caption_widget.value
+    ex.control_widgets["n"].value = 1
+    ex.control_widgets["n"].value = 3  # measured before: no message
+    assert "measuring" not in seen[-1]
+
+
+def test_the_books_frames_take_the_static_caption():
+    ex = Explorer("Two captions", [Control("n", [1, 2])], lambda n: {"n": n}, lambda d: Figure(figsize=(1, 1), dpi=20),
+                  caption=lambda d: f"live {d['n']}", static_caption=lambda d: f"built {d['n']}")
+    assert [cap for _, _, cap in ex.frames()] == ["built 1", "built 2"]
+    assert ex.caption_text() == "live 1" and ex.caption_text(static=True) == "built 1"
+    assert "built 2" in ex.static_html() and "live" not in ex.static_html()
+    assert "live 1" in ex.caption_widget.value and "built" not in ex.caption_widget.value

@@ -21,11 +21,16 @@ def test_maps_change_with_the_count_but_parameters_do_not():
         torch.testing.assert_close(d["weights"].sum(-1), torch.ones(h, T))
         assert d["head_dim"] * h == 32
         tiles = torch.as_tensor(ex.figure.axes[0].images[0].get_array().filled(np.nan))
-        ncols = min(h, 8)
-        for head in range(h):  # every head's map is drawn in its tile
+        ncols = min(h, 4) if h <= 16 else 8
+        for head in range(h):  # every head's map is drawn in its tile, under a blank row for its name
             r, c = divmod(head, ncols)
-            torch.testing.assert_close(tiles[r * (T + 1): r * (T + 1) + T, c * (T + 1): c * (T + 1) + T],
-                                       d["weights"][head])
+            top = r * (T + 2) + 1
+            torch.testing.assert_close(tiles[top: top + T, c * (T + 1): c * (T + 1) + T], d["weights"][head])
+            assert torch.isnan(tiles[top - 1, c * (T + 1): c * (T + 1) + T]).all()
+        words = [t.get_text() for t in ex.figure.axes[0].texts]
+        rows = -(-h // ncols)
+        for token in set(d["tokens"]):  # each word left of every row of tiles and under every column
+            assert words.count(token) == d["tokens"].count(token) * (rows + ncols), token
         maps[h] = d["weights"]
         params.add(d["params"])
     assert len(params) == 1
@@ -33,6 +38,15 @@ def test_maps_change_with_the_count_but_parameters_do_not():
     assert not torch.allclose(maps[4][0], maps[4][1], atol=1e-3)  # heads differ from each other
     d = ex.update(sentence=SENTENCES[1])
     assert d["tokens"] == SENTENCES[1].split()
+
+
+def test_one_head_is_one_head():
+    ex = heads_explorer()
+    ex.update(num_heads=1)
+    assert ex.caption_text().startswith("1 head × d_k = 32")
+    assert ex.figure.texts[0].get_text().startswith("1 head of d_k = 32")
+    ex.update(num_heads=2)
+    assert ex.caption_text().startswith("2 heads × d_k = 16")
 
 
 def test_renders_live_and_static():

@@ -132,3 +132,59 @@ def test_live_widget_follows_the_controls(explorer):
     assert explorer.data["num_kv_heads"] == 2
     assert_shows_something(explorer.image_widget.value)
     assert "2 KV heads" in explorer.caption_widget.value
+
+
+def _contrast(a, b):
+    """WCAG's contrast ratio of two colours (1 to 21)."""
+    from matplotlib.colors import to_rgb
+
+    def luminance(c):
+        r, g, b = (x / 12.92 if x <= 0.04045 else ((x + 0.055) / 1.055) ** 2.4 for x in to_rgb(c))
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+@pytest.mark.parametrize("kv", KV_CHOICES)
+def test_every_timing_label_reads_against_what_lies_under_it(explorer, kv):
+    """A label inside its bar is in black or white, whichever contrasts more with the bar (the grey bars
+    held white labels once); a label after its bar is black on white. WCAG asks 4.5 for text this size."""
+    explorer.update(num_heads=32, kv=kv, seq_len=256)
+    fig = explorer.figure
+    ax = fig.axes[1]
+    renderer = fig.canvas.get_renderer()
+    texts = [t for t in ax.texts if t.get_text()]
+    assert len(texts) == len(ax.patches) == len(KV_CHOICES)
+    for bar, text in zip(ax.patches, texts):
+        inside = bar.get_window_extent(renderer).contains(*text.get_window_extent(renderer).get_points().mean(0))
+        under = bar.get_facecolor() if inside else "white"
+        assert _contrast(text.get_color(), under) >= 4.5, (text.get_text(), text.get_color(), under)
+    assert any(t.get_horizontalalignment() == "right" for t in texts)  # some labels are inside their bars
+
+
+def test_text_color_on_picks_the_stronger_contrast():
+    from attnbook.plotting import text_color_on
+
+    for color in ("lightgray", "white", "tab:orange", "tab:green", "yellow", "black", "navy", "tab:purple", "0.3"):
+        best = max(("black", "white"), key=lambda c: _contrast(c, color))
+        assert text_color_on(color) == best, color
+
+
+def test_a_measurement_says_so_while_it_runs(monkeypatch):
+    monkeypatch.setattr(gq, "measure_decode", lambda H, S, options, **kw: {
+        decode_key(H, h, S // BENCH_DIVISOR, kw.get("device", "cpu")): 1e-3 for h in options})
+    ex = kv_heads_explorer({}, seq_len_options=SEQ, static_num_heads=(8,), static_seq_len=(64,))
+    messages = []
+    ex.caption_widget.observe(lambda change: messages.append(change["new"]), names="value")
+    assert "measured just now" in ex.caption_widget.value  # nothing was given: measured when it was made
+    assert "measured when the page was built" in ex.static_html()
+    ex.control_widgets["seq_len"].value = 128
+    assert "measuring one decoding step for every KV choice at H = 8, S = 128 on cpu" in messages[0]
+    assert "measuring" not in messages[-1] and "measured just now" in messages[-1]
+    given = kv_heads_explorer(fake_decode_timings(HEADS, SEQ), seq_len_options=SEQ, static_num_heads=(8,),
+                              static_seq_len=(64,))
+    assert "measured earlier in this notebook" in given.caption_widget.value
+    messages.clear()
+    ex.control_widgets["seq_len"].value = 64  # measured when the explorer was made
+    assert not any("measuring" in m for m in messages)

@@ -53,3 +53,41 @@ def test_renders_live_and_static():
 def test_fast_frame_is_the_full_render():
     assert_blit_matches_full_render(masks_explorer(), dict(kind="padding", length=2),
                                     dict(kind="causal + window", window=0))
+
+
+def test_the_real_length_goes_up_to_the_sequence_length():
+    ex = masks_explorer()
+    length = ex.control_widgets["length"]
+    ex.update(kind="padding", T=8, length=7)
+    assert [v for _, v in length.options] == [1, 2, 3, 4, 5, 6, 7, 8]
+    ex.control_widgets["T"].value = 4  # a real length of 7 in 4 positions: it moves to 4, not silently cut
+    assert ex.values["length"] == 4 and length.value == 4 and [v for _, v in length.options] == [1, 2, 3, 4]
+    assert ex.data["allowed"] == 16 and "real length = 4" in ex.caption_text()
+    ex.update(T=16, length=16)
+    assert ex.values["length"] == 16 and [v for _, v in length.options][-2:] == [12, 16]
+
+
+def test_the_window_goes_up_to_the_last_key():
+    ex = masks_explorer()
+    window = ex.control_widgets["window"]
+    ex.update(kind="sliding window", T=4, window=4)
+    assert ex.values["window"] == 3 and [v for _, v in window.options] == [0, 1, 2, 3]
+    assert ex.data["allowed"] == 16  # a window of 3 in 4 positions already covers every key
+
+
+@pytest.mark.parametrize("kind, off", [
+    ("causal", {"window", "length"}), ("padding", {"window"}), ("sliding window", {"length"}),
+    ("causal + padding", {"window"}), ("causal + window", {"length"}),
+])
+def test_the_controls_a_mask_ignores_are_disabled(kind, off):
+    ex = masks_explorer()
+    controls = ex.control_widgets
+    controls["kind"].value = kind
+    assert {name for name in ("window", "length") if controls[name].disabled} == off
+    assert {c.name for c in ex.unused()} == off
+    cap = ex.caption_text()
+    assert ("window =" in cap) == ("window" not in off) and ("real length =" in cap) == ("length" not in off)
+    for name in off:  # moving it changes nothing
+        before = ex.image_widget.value
+        ex.update(**{name: 1})
+        assert ex.image_widget.value == before

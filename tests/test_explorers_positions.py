@@ -34,3 +34,18 @@ def test_renders_live_and_static():
 ], ids=["positions", "positions-learned"])
 def test_fast_frame_is_the_full_render(first, second):
     assert_blit_matches_full_render(positions_explorer(), first, second)
+
+
+def test_alibi_disables_what_it_does_not_use():
+    ex = positions_explorer()
+    controls = ex.control_widgets
+    controls["kind"].value = "ALiBi"
+    assert controls["d_model"].disabled and controls["offset"].disabled and not controls["kind"].disabled
+    assert "d_model and position offset do not apply here" in ex.caption_text()
+    assert "d_model" not in ex.figure.texts[0].get_text()
+    before = ex.image_widget.value
+    controls["d_model"].value = 16
+    controls["offset"].value = 1000
+    assert ex.image_widget.value == before  # nothing to change indeed
+    controls["kind"].value = "RoPE"
+    assert not controls["d_model"].disabled and not controls["offset"].disabled

@@ -78,3 +78,18 @@ def test_device_control_offers_what_is_present():
     for dev in devices:
         d = ex.update(device=dev, d_k=64, scaled=True)
         assert d["device"] == dev and math.isfinite(d["entropy"])
+
+
+@pytest.mark.parametrize("d_k", [1, 64, 1024])
+def test_the_legend_lies_where_the_d_k_mark_never_goes(d_k):
+    ex = saturation_explorer()
+    ex.update(d_k=d_k)
+    fig = ex.figure
+    renderer = fig.canvas.get_renderer()
+    (legend,) = fig.legends
+    box = legend.get_window_extent(renderer)
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert "unscaled" in labels and "current d_k" in labels
+    for ax in fig.axes:  # the marks and the curves stay inside their axes; the legend is under all of them
+        assert not box.overlaps(ax.get_window_extent(renderer)), ax.get_title()
+    assert all(t.get_fontsize() >= 10 for t in legend.get_texts())

@@ -74,7 +74,8 @@ def test_controls_change_the_data(explorer):
     explorer.update(example=0)
     assert explorer.update(layer=1)["layer"] == 1  # the copy model has 2 decoder layers
     assert not torch.equal(explorer.data["weights"], base)
-    d = explorer.update(task="addition")  # 1 decoder layer: layer 1 falls back to its last layer
+    d = explorer.update(task="addition")  # 1 decoder layer: the layer moves to the one it has
+    assert explorer.values["layer"] == 0 and explorer.allowed["layer"] == [0]
     assert d["layer"] == 0 and d["num_layers"] == 1 and d["weights"].shape == (4, 3, 3)
     assert explorer.update(kind="encoder self-attention")["weights"].shape == (4, 3, 3)
     assert explorer.update(kind="decoder self-attention")["weights"].shape == (4, 3, 3)
@@ -87,14 +88,37 @@ def test_figure_draws_every_head_and_the_labels(explorer):
         T, K = d["weights"].shape[1:]
         ax = explorer.figure.axes[0]
         tiles = torch.as_tensor(ax.images[0].get_array().filled(np.nan))
-        assert tiles.shape == (T, H * (K + 1) - 1)
+        assert tiles.shape == (T + 1, H * (K + 1) - 1)  # a blank row above the tiles: the heads' names
         for h in range(H):
-            torch.testing.assert_close(tiles[:, h * (K + 1): h * (K + 1) + K], d["weights"][h])
+            torch.testing.assert_close(tiles[1:, h * (K + 1): h * (K + 1) + K], d["weights"][h])
         texts = [t.get_text() for t in ax.texts]
         assert [f"head {h}" for h in range(H)] == [t for t in texts if t.startswith("head")]
         assert texts.count(d["keys"][0]) >= H  # the source symbols under every tile
         assert task in explorer.figure.texts[0].get_text()
     explorer.update(task="copy", example=0)
+
+
+def test_the_layer_slider_offers_the_layers_the_chosen_block_has(models):
+    explorer = trained_heads_explorer(models, EXAMPLES)
+    layer = explorer.control_widgets["layer"]
+    explorer.update(task="copy", kind="cross-attention")  # 2 decoder layers
+    assert [v for _, v in layer.options] == [0, 1] and not layer.disabled and explorer.values["layer"] == 0
+    layer.value = 1
+    assert explorer.data["layer"] == 1
+    explorer.control_widgets["kind"].value = "encoder self-attention"  # 1 encoder layer: nothing to choose
+    assert explorer.values["layer"] == 0 and layer.value == 0 and layer.disabled
+    assert [v for _, v in layer.options] == [0]
+    assert "layer 0" in explorer.figure.texts[0].get_text()
+    explorer.control_widgets["kind"].value = "decoder self-attention"
+    assert [v for _, v in layer.options] == [0, 1] and not layer.disabled
+
+
+def test_a_single_layer_is_not_offered(models):
+    one = {"addition": models["addition"]}  # one layer in every block
+    explorer = trained_heads_explorer(one, {"addition": EXAMPLES["addition"]})
+    assert explorer.control_widgets["layer"].layout.display == "none"
+    assert not explorer.control("layer").shown
+    assert "layer =" not in explorer.static_html()  # nor listed as a fixed choice in the book
 
 
 @pytest.mark.parametrize("first, second", [

@@ -137,3 +137,46 @@ def test_live_widget_follows_the_controls(explorer):
     assert explorer.values["variant"] == "block sparse" and explorer.data["T"] == 128
     assert_shows_something(explorer.image_widget.value)
     assert "block sparse" in explorer.caption_widget.value
+
+
+def test_stored_and_live_numbers_are_one_statistic_and_say_when_they_were_measured(monkeypatch):
+    """The numbers chapter 8 measured (the median of interleaved rounds) are the book's: its frames say they
+    were measured when the page was built. Live, a combination not measured yet is measured by the same
+    statistic (``reduce="median"``), with a message while it runs, and the caption says which numbers are new."""
+    asked = []
+    fake = fake_efficient_costs((64, 128, 256), 16)
+
+    def measure(names, t_values, window, **kwargs):
+        asked.append((tuple(names), tuple(t_values), window, kwargs["reduce"], kwargs["rounds"]))
+        return {cost_key(n, T, window): fake[cost_key(n, T, 16)] for n in names for T in t_values}
+
+    monkeypatch.setattr(ee, "measure_costs", measure)
+    stored = {k: v for k, v in fake.items() if k[1] in (64, 256) or k[0] == "LSH"}
+    ex = variants_explorer(stored, **{**SMALL, "rounds": 5})
+    html = ex.static_html()
+    assert not asked and html.count("measured when the page was built") == len(VARIANTS) * 2
+    assert "just now" not in html and "median of interleaved rounds" in html
+    assert "measured earlier in this notebook" in ex.caption_widget.value
+    messages = []
+    ex.caption_widget.observe(lambda change: messages.append(change["new"]), names="value")
+    ex.control_widgets["T"].value = 128  # not measured yet: the variant, exact and PyTorch's kernel
+    assert sorted(a[0][0] for a in asked) == ["exact", "pytorch", "sliding window"]
+    assert all(a[1:] == ((128,), 16, "median", 5) for a in asked)
+    assert "measuring sliding window, exact, pytorch at T = 128" in messages[0]
+    assert "measured just now, on this machine" in ex.caption_widget.value
+    asked.clear()
+    ex.control_widgets["variant"].value = "LSH"  # stored at T = 128; exact and PyTorch's were measured above
+    assert not asked
+    assert "exact and pytorch measured just now on this machine, the rest earlier" in ex.caption_widget.value
+    messages.clear()
+    ex.control_widgets["T"].value = 64  # stored: no measuring, no message
+    assert not asked and not any("measuring" in m for m in messages)
+
+
+def test_the_window_is_disabled_for_the_variants_without_one():
+    ex = variants_explorer(fake_efficient_costs((64, 128, 256), 16), **SMALL)
+    window = ex.control_widgets["window"]
+    for name in VARIANTS:
+        ex.control_widgets["variant"].value = name
+        assert window.disabled == (REGISTRY[name].window is None), name
+        assert ("window / block does not apply here" in ex.caption_text()) == window.disabled

@@ -8,7 +8,10 @@ one notebook), opens the notebook, runs its explorer cells and checks what the r
   is at most 1.25 times the figure's size in CSS pixels, and the image has at least 1.9 device pixels per
   CSS pixel (sharp on a high-density screen);
 * moving a control (a slider by the keyboard, a toggle button by a click, a dropdown) changes the image;
-* clicking a pixel of the ViT explorer's drawing grid shows the drawing ("your drawing" in the image choice).
+* clicking a pixel of the ViT explorer's drawing grid shows the drawing ("your drawing" in the image choice),
+  and so does loading a stored drawing;
+* in a narrow window (700 px) every control's description still shows whole (beside its control, or above
+  toggle buttons that wrap), and the device dropdown's hint is shown.
 
 Screenshots go to _build/screenshots/. Skips when JupyterLab, Chromium or playwright is missing, except
 under CI=true, where it fails.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -41,6 +45,9 @@ CELLS = [
     "from attnbook.explorers import vit_explorer\n_ = torch.manual_seed(0)\n"
     "*_, x_test, y_test = load_digits_split()\n"
     "vit = vit_explorer(VisionTransformer(), x_test[:8], y_test[:8], static_digits=1)\nvit",
+    "from attnbook.explorers import kv_heads_explorer\nfrom attnbook.explorers.kv_heads import HEADS, SEQ_LENS\n"
+    "from tests.helpers import fake_decode_timings\n"
+    "kv = kv_heads_explorer(fake_decode_timings(HEADS, SEQ_LENS), static_num_heads=(32,), static_seq_len=(4096,))\nkv",
 ]
 
 
@@ -170,7 +177,7 @@ def _shot(page, i, name):
     _explorer(page, i).screenshot(path=str(SHOTS / f"jupyterlab_{name}.png"))
 
 
-@pytest.mark.parametrize("i, name", list(enumerate(["saturation", "heads_1", "masks", "vit"])))
+@pytest.mark.parametrize("i, name", list(enumerate(["saturation", "heads_1", "masks", "vit", "kv_heads"])))
 def test_figure_is_shown_at_its_own_size_and_sharp(notebook, i, name):
     box = _explorer(notebook, i)
     box.scroll_into_view_if_needed()
@@ -185,14 +192,17 @@ def test_figure_is_shown_at_its_own_size_and_sharp(notebook, i, name):
     assert not notebook.page_errors, notebook.page_errors
 
 
+def _labels(box):
+    return box.locator(".widget-label, .widget-label-basic").evaluate_all(
+        "ls => ls.filter(l => l.textContent.trim()).map(l => {const r = l.getBoundingClientRect();"
+        " const c = l.nextElementSibling && l.nextElementSibling.getBoundingClientRect();"
+        " return {text: l.textContent, cut: l.scrollWidth > l.clientWidth + 1,"
+        " beside: !c || (c.left >= r.right - 1 && c.top < r.bottom && r.top < c.bottom)}})")
+
+
 def test_every_control_description_shows_whole_beside_its_control(notebook):
     for i in range(len(CELLS)):
-        box = _explorer(notebook, i)
-        labels = box.locator(".widget-label, .widget-label-basic").evaluate_all(
-            "ls => ls.filter(l => l.textContent.trim()).map(l => {const r = l.getBoundingClientRect();"
-            " const c = l.nextElementSibling && l.nextElementSibling.getBoundingClientRect();"
-            " return {text: l.textContent, cut: l.scrollWidth > l.clientWidth + 1,"
-            " beside: !c || (c.left >= r.right - 1 && c.top < r.bottom && r.top < c.bottom)}})")
+        labels = _labels(_explorer(notebook, i))
         assert labels, f"explorer {i}: no control descriptions found"
         for label in labels:
             assert not label["cut"], f"explorer {i}: {label['text']!r} is cut off"
@@ -243,5 +253,29 @@ def test_drawing_a_pixel_shows_the_drawing(notebook):
     before = _src(page, 3)
     box.locator("button", has_text="clear").click()
     _wait_change(page, 3, before, "clear")
+    before = _src(page, 3)
+    box.locator("select").nth(1).select_option(index=4)  # the menu of stored drawings: a 1
+    _wait_change(page, 3, before, "loading a stored drawing")
+    inked = pixels.evaluate_all("bs => bs.filter(b => getComputedStyle(b).backgroundColor !== 'rgb(255, 255, 255)').length")
+    assert inked > 8, f"{inked} pixels of the stored drawing are inked on the grid"
     _shot(page, 3, "vit_drawn")
     assert not page.page_errors, page.page_errors
+
+
+def test_a_narrow_window_cuts_no_description(notebook):
+    """At 700 px (the window the "KV heads" description was cut in): each description whole, the toggle
+    buttons wrapping instead; the device dropdown's hint says what the choice means."""
+    page = notebook
+    page.set_viewport_size({"width": 700, "height": 900})
+    try:
+        page.wait_for_timeout(1000)
+        for i in range(len(CELLS)):
+            for label in _labels(_explorer(page, i)):
+                assert not label["cut"], f"explorer {i} at 700 px: {label['text']!r} is cut off"
+        box = _explorer(page, 4)
+        box.scroll_into_view_if_needed()
+        box.screenshot(path=str(SHOTS / "jupyterlab_kv_heads_700px.png"))
+        hint = box.locator(".widget-html-content", has_text=re.compile("only the CPU here|where the tensors are computed"))
+        assert hint.count() == 1 and hint.first.is_visible()
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 900})

@@ -224,7 +224,7 @@ def test(args) -> None:
                 "ATTNBOOK_EXPECT_IPYWIDGETS": "7"}
         run(PY, "-m", "pytest", "-q", "tests/test_explorers_base.py", "tests/test_explorers_saturation.py", "tests/test_explorers_heads.py",
             "tests/test_explorers_masks.py", "tests/test_explorers_positions.py",
-            "tests/test_vision.py::test_vit_explorer_draws_the_readers_own_digit", env=env7)
+            "tests/test_explorers_vit.py", "-m", "not slow", env=env7)
     # 3b. the chapters that call transformers, executed under older versions (what a learner may have)
     old_transformers_legs(env)
     # 4. everything: unit tests, notebook hygiene, browser tests, nbval strict over every chapter

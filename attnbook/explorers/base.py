@@ -23,6 +23,19 @@ and afterwards only its changing artists are redrawn (blitting, see
 A plain ``draw(data) -> Figure`` (a full render each time) still works for a
 quick explorer.
 
+Optional hooks keep every control meaningful and say what is going on:
+
+* ``limits(values) -> {name: values}``: for some controls, the values that make a
+  difference now (a real length up to the sequence length), or ``None`` where the
+  control does not apply at all (a window, for a mask without one). A value outside
+  its limits moves to the nearest one inside; the live widget offers only those, and
+  disables a control that does not apply or has one value left. A control with a
+  single value and no ``hint`` is not shown at all.
+* ``busy(values) -> str | None``: a message the live caption shows while a slow
+  ``compute`` runs (a measurement), ``None`` when it will be quick.
+* ``static_caption(data)``: the caption of the book's frames, where it should differ
+  from the live one (numbers "measured when the page was built").
+
 How it shows itself (``display(explorer)`` or an explorer as a cell's last
 expression):
 
@@ -32,7 +45,9 @@ expression):
   scrubber's frames are rendered before the widget exists, so no frame is
   pushed to the widget on the way.
 * Colab (``"google.colab" in sys.modules``): a plain ``display(widget)``, which
-  Colab's display hook needs.
+  Colab's display hook needs (its ipywidgets 7.7.1 has no ``_repr_mimebundle_``),
+  then the scrubber folded under it (:data:`COLAB_FALLBACK`): a static fallback that
+  still works when the widget does not show.
 
 The scrubber's HTML and its one line of JavaScript are package resources,
 ``scrubber.html`` and ``scrubber.js`` next to this module; :class:`ScrubberTemplate`
@@ -72,7 +87,9 @@ __all__ = [
     "FastFigure",
     "figure_png",
     "device_control",
+    "device_hint",
     "in_colab",
+    "COLAB_FALLBACK",
     "WIDGET_VIEW_MIME",
     "LIVE_SCALE",
     "ScrubberTemplate",
@@ -84,6 +101,12 @@ WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 # shown at the figure's own size in CSS pixels (inches x its dpi), at most the output's width. The book's
 # scrubber frames stay at the figure's dpi: twice the pixels would double the chapters' size.
 LIVE_SCALE = 2
+# Under Colab the live widget is shown with a plain display(widget); this goes under it, holding the static
+# scrubber (the frames the book shows), folded: it stays usable when Colab's widget manager fails.
+COLAB_FALLBACK = ('<details class="attnbook-fallback" style="margin-top:4px"><summary style="cursor:pointer;'
+                  'font-family:sans-serif;font-size:90%;color:#555">Static preview (pre-rendered frames): open it if the live explorer above shows '
+                  'nothing or an error; running the cell again usually brings the live one back</summary>'
+                  '$scrubber</details>')
 
 
 def in_colab() -> bool:
@@ -182,6 +205,8 @@ class Control:
         static: the values pre-rendered for the book's scrubber (default: all of
             them); ``[default]`` keeps the control fixed there.
         fmt: how a value is written in labels (default ``str``).
+        hint: a short note shown beside the live control (what the choice means, why it offers one
+            value only); a control with a single value and no hint is not shown.
     """
 
     name: str
@@ -191,6 +216,7 @@ class Control:
     kind: str = "slider"
     static: Sequence[Any] | None = None
     fmt: Callable[[Any], str] = str
+    hint: str | None = None
 
     def __post_init__(self) -> None:
         self.values = list(self.values)
@@ -207,6 +233,12 @@ class Control:
         bad = [v for v in self.static if v not in self.values]
         if bad:
             raise ValueError(f"control {self.name!r}: static values {bad!r} are not among {self.values!r}")
+
+    @property
+    def shown(self) -> bool:
+        """Whether the reader sees this control: not when it has one value and no hint (it changes nothing and
+        needs no explaining)."""
+        return len(self.values) > 1 or bool(self.hint)
 
     @property
     def static_values(self) -> list[Any]:
@@ -226,18 +258,31 @@ class Control:
                                      **common)
         if self.kind == "toggle":
             # ipywidgets 8 puts ToggleButtons' description above its buttons (a block, not an inline box):
-            # a row puts it beside them, as for every other control
-            return W.ToggleButtons(layout=W.Layout(display="flex", flex_flow="row", align_items="center"),
+            # a row puts it beside them, as for every other control; where the row is too narrow for both,
+            # the buttons wrap onto the next line (in a plain row the description would shrink to "KV he...")
+            return W.ToggleButtons(layout=W.Layout(display="flex", flex_flow="row wrap", align_items="center"),
                                    **{**common, "style": {**common["style"], "button_width": "auto"}})
         # as wide as its longest choice (a sentence), at most the output's width
         return W.Dropdown(layout=W.Layout(width="max-content", max_width="100%"), **common)
 
 
+def device_hint(devices: Sequence[str]) -> str:
+    """What the device dropdown means, for the ``devices`` it offers (shown beside it in the live widget)."""
+    if list(devices) == ["cpu"]:
+        return ("only the CPU here: PyTorch finds no GPU (torch.cuda.is_available() is False); on Colab, "
+                "Runtime > Change runtime type > GPU, then run the notebook again")
+    gpus = " or ".join(d for d in devices if d != "cpu")
+    return (f"where the tensors are computed: the CPU or the GPU ({gpus}); the pictures agree up to rounding, "
+            "measured times differ")
+
+
 def device_control(static: Sequence[str] = ("cpu",)) -> Control:
     """The device dropdown every explorer that computes on tensors offers: the devices present here
-    (:func:`attnbook._compat.available_devices`, the CPU first and by default); the book's scrubber shows
-    ``static`` (the CPU)."""
-    return Control("device", available_devices(), "cpu", label="device", kind="dropdown", static=list(static))
+    (:func:`attnbook._compat.available_devices`, the CPU first and by default), with a hint saying what the
+    choice means (:func:`device_hint`); the book's scrubber shows ``static`` (the CPU)."""
+    devices = available_devices()
+    return Control("device", devices, "cpu", label="device", kind="dropdown", static=list(static),
+                   hint=device_hint(devices))
 
 
 # -- the static scrubber's resources -----------------------------------------------------------------------
@@ -502,8 +547,11 @@ class Explorer:
     ``compute(**values) -> dict`` does the numbers; the picture comes from the
     ``layout``/``build``/``redraw`` hooks (see the module docstring) or from a
     plain ``draw(data) -> Figure``; ``caption(data) -> str`` (optional) is a
-    line of text under it. ``update(**values)`` recomputes and keeps
-    ``values``, ``data`` and ``figure``; moving a widget calls it.
+    line of text under it (``static_caption`` the book's, where it differs).
+    ``update(**values)`` recomputes and keeps ``values``, ``data`` and
+    ``figure``; moving a widget calls it. ``limits(values)`` (optional) bounds
+    some controls by the others and says which do not apply; ``busy(values)``
+    (optional) is the message shown while a slow update computes.
     ``extras(explorer) -> widgets`` (optional) adds ipywidgets under the live
     view, e.g. a grid to draw on; the book's scrubber does not show them.
     """
@@ -518,12 +566,18 @@ class Explorer:
     build: Callable[[dict], tuple[Figure, dict[str, Any]]] | None = None
     redraw: Callable[[dict, dict[str, Any]], None] | None = None
     extras: Callable[[Explorer], Sequence[Any]] | None = None
+    limits: Callable[[dict], dict[str, Sequence[Any] | None]] | None = None
+    busy: Callable[[dict], str | None] | None = None
+    static_caption: Callable[[dict], str] | None = None
     values: dict = field(init=False)
     data: dict = field(init=False)
     figure: Figure = field(init=False)
+    allowed: dict = field(init=False, default_factory=dict)
     _widget: Any = field(init=False, default=None, repr=False)
     _figures: dict = field(init=False, default_factory=dict, repr=False)
     _refresh: bool = field(init=False, default=True, repr=False)
+    _syncing: bool = field(init=False, default=False, repr=False)
+    _offered: dict = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.controls = list(self.controls)
@@ -553,18 +607,50 @@ class Explorer:
         raise KeyError(f"no control named {name!r}; controls: {[c.name for c in self.controls]}")
 
     def update(self, **changes: Any) -> dict:
-        """Set some control values (by name), recompute and redraw; returns ``data``."""
+        """Set some control values (by name), recompute and redraw; returns ``data``. A value outside the
+        ``limits`` hook's bounds moves to the nearest value inside them."""
         for name, value in changes.items():
             c = self.control(name)
             if value not in c.values:
                 raise ValueError(f"{c.label}={value!r} is not one of {c.values!r}")
-        self.values = {**self.values, **changes}
-        self.data = self.compute(**self.values)
+        self.values, self.allowed = self._within_limits({**self.values, **changes})
         live = self._widget is not None and self._refresh
+        message = self.busy(dict(self.values)) if live and self.busy is not None else None
+        if message:
+            self._caption_w.value = (f'<div style="line-height:1.4;color:#8a5a00">&#8987; {html.escape(message)}</div>')
+        self.data = self.compute(**self.values)
         self.figure = self._picture(self.data, LIVE_SCALE if live else 1)
         if live:
             self._refresh_widget()
         return self.data
+
+    def _within_limits(self, values: dict) -> tuple[dict, dict[str, list | None]]:
+        """``values`` moved inside the ``limits`` hook's bounds (each to the nearest allowed value, by position
+        in its control's values; a tie to the earlier one), and the bounds: ``{name: allowed values, or None
+        when the control does not apply}``. Repeated until nothing moves (a bound may depend on a value that
+        moved)."""
+        if self.limits is None:
+            return values, {}
+        values = dict(values)
+        for _ in range(len(self.controls) + 1):
+            allowed: dict[str, list | None] = {}
+            moved = False
+            for name, ok in self.limits(dict(values)).items():
+                c = self.control(name)
+                if ok is None:
+                    allowed[name] = None
+                    continue
+                ok = list(ok)
+                if not ok or any(v not in c.values for v in ok):
+                    raise ValueError(f"limits for {c.label}: {ok!r} must be a non-empty subset of {c.values!r}")
+                allowed[name] = ok
+                if values[name] not in ok:
+                    at = c.values.index(values[name])
+                    values[name] = min(ok, key=lambda v: (abs(c.values.index(v) - at), c.values.index(v)))
+                    moved = True
+            if not moved:
+                return values, allowed
+        raise RuntimeError(f"{self.title}: the limits hook does not settle on values {values!r}")
 
     def _picture(self, data: dict, scale: int = 1) -> Figure:
         """The figure for ``data``, at ``scale`` times its own dpi (the live widget's is sharper than the
@@ -588,9 +674,19 @@ class Explorer:
         self.redraw(data, artists)
         return fig
 
-    def caption_text(self) -> str:
-        """The caption of the current data ("" without a caption hook)."""
-        return self.caption(self.data) if self.caption else ""
+    def unused(self) -> list[Control]:
+        """The shown controls that do not apply to the current values (the ``limits`` hook says ``None``)."""
+        return [c for c in self.controls if c.shown and c.name in self.allowed and self.allowed[c.name] is None]
+
+    def caption_text(self, static: bool = False) -> str:
+        """The caption of the current data ("" without a caption hook), the book's with ``static`` (the
+        ``static_caption`` hook, where there is one); it ends by naming the controls that do not apply."""
+        hook = self.static_caption if static and self.static_caption is not None else self.caption
+        text = hook(self.data) if hook is not None else ""
+        off = [str(c.label) for c in self.unused()]
+        if off:
+            text += f"{'; ' if text else ''}{' and '.join(off)} {'does' if len(off) == 1 else 'do'} not apply here"
+        return text
 
     # -- live widget -------------------------------------------------------------
     @property
@@ -604,11 +700,22 @@ class Explorer:
             self._image_w = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto",
                                                                   align_self="flex-start"))
             self._caption_w = W.HTML()
-            for name, w in self._controls_w.items():
-                w.observe(self._on_change(name), names="value")
+            rows = []
+            for c in self.controls:
+                w = self._controls_w[c.name]
+                w.observe(self._on_change(c.name), names="value")
+                self._offered[c.name] = list(c.values)
+                if not c.shown:
+                    w.layout.display = "none"  # one value: it would change nothing
+                if c.hint:
+                    note = W.HTML(f'<div style="color:#555;font-size:90%;line-height:1.3">{html.escape(c.hint)}</div>',
+                                  layout=W.Layout(margin="0 0 0 0.8em", max_width="36em"))
+                    rows.append(W.HBox([w, note], layout=W.Layout(align_items="center", flex_flow="row wrap")))
+                else:
+                    rows.append(w)
             title = W.HTML(f"<b>{html.escape(self.title)}</b>")
             extra = list(self.extras(self)) if self.extras is not None else []
-            self._widget = W.VBox([title, *self._controls_w.values(), self._image_w, self._caption_w, *extra])
+            self._widget = W.VBox([title, *rows, self._image_w, self._caption_w, *extra])
             self.update()  # the figure again, at the live scale
         return self._widget
 
@@ -633,32 +740,50 @@ class Explorer:
 
     def _on_change(self, name: str) -> Callable[[dict], None]:
         def handler(change: dict) -> None:
+            if self._syncing:  # the explorer itself is setting the widget (new options, a value moved)
+                return
             if self.values.get(name) != change["new"]:
                 self.update(**{name: change["new"]})
 
         return handler
 
     def _refresh_widget(self) -> None:
-        for name, w in self._controls_w.items():
-            if w.value != self.values[name]:
-                w.value = self.values[name]
+        self._syncing = True
+        try:
+            for c in self.controls:
+                w = self._controls_w[c.name]
+                ok = self.allowed.get(c.name, c.values)
+                offered = list(c.values) if ok is None else list(ok)
+                if offered != self._offered[c.name]:  # bounded by another control: offer only what applies
+                    with w.hold_sync():
+                        w.options = [(c.fmt(v), v) for v in offered]
+                        w.value = self.values[c.name]
+                    self._offered[c.name] = offered
+                if w.value != self.values[c.name]:
+                    w.value = self.values[c.name]
+                disabled = ok is None or len(offered) == 1
+                if w.disabled != disabled:
+                    w.disabled = disabled
+        finally:
+            self._syncing = False
         width, _ = getattr(self.figure, "_attnbook_css_px", _css_size(self.figure, self.figure.dpi / LIVE_SCALE))
         if self._image_w.layout.width != f"{width}px":
             self._image_w.layout.width = f"{width}px"
         self._image_w.value = figure_png(self.figure)
-        self._caption_w.value = html.escape(self.caption_text())
+        self._caption_w.value = f'<div style="line-height:1.4">{html.escape(self.caption_text())}</div>'
 
     # -- static scrubber -----------------------------------------------------------
     def frames(self) -> Iterator[tuple[dict, bytes, str]]:
         """Yield ``(values, png_bytes, caption)`` for every combination of the
-        controls' static values, the first control varying slowest. A live
-        widget is left alone meanwhile and shows the restored values after."""
+        controls' static values, the first control varying slowest (the caption is the book's,
+        ``static_caption`` where given). A live widget is left alone meanwhile and shows the restored
+        values after."""
         saved = dict(self.values)
         self._refresh = False
         try:
             for combo in itertools.product(*(c.static_values for c in self.controls)):
                 self.update(**dict(zip([c.name for c in self.controls], combo)))
-                yield dict(self.values), figure_png(self.figure, self.frame_dpi), self.caption_text()
+                yield dict(self.values), figure_png(self.figure, self.frame_dpi), self.caption_text(static=True)
         finally:
             self._refresh = True
             self.update(**saved)
@@ -693,7 +818,7 @@ class Explorer:
                 label=esc(str(c.label)), labelwidth=labelwidth, valuewidth=max(map(len, labels)) + 1,
                 value=esc(labels[idx]), max=len(labels) - 1, index=idx,
                 name=esc(c.name), stride=strides[c.name], labels=esc(json.dumps(labels)), script=script))
-        fixed = [c for c in self.controls if len(c.static_values) == 1]
+        fixed = [c for c in self.controls if len(c.static_values) == 1 and c.shown]
         if fixed:
             parts.append(tpl["fixed"].substitute(text=esc(", ".join(f"{c.label} = {c.fmt(c.static_values[0])}" for c in fixed))))
         for i, (_, png, cap) in enumerate(frames):
@@ -707,11 +832,14 @@ class Explorer:
     def _ipython_display_(self, **kwargs: Any) -> None:
         from IPython.display import display
 
+        # the frames first: the widget does not exist yet, so no frame is encoded for it on the way
+        scrubber = self.static_html()
         if in_colab():
             display(self.widget)
+            display({"text/html": Template(COLAB_FALLBACK).substitute(scrubber=scrubber),
+                     "text/plain": f"(static preview of {self.title})"}, raw=True)
             return
-        # the frames first: the widget does not exist yet, so no frame is encoded for it on the way
-        data: dict[str, Any] = {"text/plain": repr(self), "text/html": self.static_html()}
+        data: dict[str, Any] = {"text/plain": repr(self), "text/html": scrubber}
         widget = self.widget
         bundle = widget._repr_mimebundle_() if hasattr(widget, "_repr_mimebundle_") else None
         if bundle and WIDGET_VIEW_MIME in bundle:  # ipywidgets 8

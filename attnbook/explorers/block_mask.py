@@ -129,7 +129,7 @@ def block_mask_explorer(*, block_size: int = FLEX_BLOCK_SIZE, lengths: tuple[int
             ticks = [0, T // 2, T]
             ax.set_xticks(ticks, labels=[str(t) for t in ticks])
             ax.set_yticks(ticks, labels=[str(t) for t in ticks])
-            ax.tick_params(labelsize=9)
+            ax.tick_params(labelsize=10)
             ax.set_xlabel("key position", fontsize=10)
             ax.set_ylabel("query position", fontsize=10)
         a1.set_title("dense mask (white = may attend)", fontsize=10)
@@ -137,14 +137,14 @@ def block_mask_explorer(*, block_size: int = FLEX_BLOCK_SIZE, lengths: tuple[int
         handles = [Patch(facecolor=TILE_COLORS[2], label="full (no mask_mod)"),
                    Patch(facecolor=TILE_COLORS[1], label="partial (mask_mod applied)"),
                    Patch(facecolor=TILE_COLORS[0], edgecolor="0.6", label="skipped (never computed)")]
-        fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.075), ncol=3, fontsize=9,
+        fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.075), ncol=3, fontsize=10,
                    frameon=False, handlelength=1.4, columnspacing=1.2)
         # the changing texts on an axes over the whole figure (a figure's own animated texts are left out of
         # a full render, so the blit test could not compare them)
         page = fig.add_axes((0.0, 0.0, 1.0, 1.0))
         page.axis("off")
         title = page.text(0.5, 0.975, " ", fontsize=11, ha="center", va="top")
-        note = page.text(0.5, 0.012, " ", fontsize=9, ha="center", va="bottom", color="0.25")
+        note = page.text(0.5, 0.012, " ", fontsize=10, ha="center", va="bottom", color="0.25")
         return fig, {"picture": im1, "tiles": im2, "edges": lines, "title": title, "note": note}
 
     def redraw(d: dict, art: dict[str, Any]) -> None:  # art["edges"] stay as built (a layout is one T)

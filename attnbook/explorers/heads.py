@@ -79,44 +79,65 @@ def heads_explorer(d_model: int = 32, sentences: list[str] | None = None, seed: 
             "entropy": (-(w * torch.log(w.clamp_min(1e-12))).sum(-1)).mean().item(),
         }
 
-    def ncols(H: int) -> int:
-        return min(H, 8)
+    def mosaic(weights: torch.Tensor) -> torch.Tensor:
+        """The maps ``(H, T, T)`` tiled, four a row, with a blank row above each (room for its head's name)."""
+        H, T, S = weights.shape
+        blank = torch.full((H, 1, S), float("nan"))
+        return heads_mosaic(torch.cat([blank, weights], dim=1), ncols(H))  # (rows, cols)
 
-    def layout(d: dict) -> tuple[int, int]:
-        return d["num_heads"], len(d["tokens"])
+    def ncols(H: int) -> int:
+        # four tiles a row: with a word on every row and column, the figure fits the page; 32 heads take eight
+        # a row of smaller tiles, a word on every other row (eight rows of tiles would make a figure too big
+        # to redraw in a tenth of a second)
+        return min(H, 4) if H <= 16 else 8
+
+    def layout(d: dict) -> tuple[int, tuple[str, ...]]:
+        return d["num_heads"], tuple(d["tokens"])  # the words are drawn once per figure
 
     def build(d: dict) -> tuple[Figure, dict[str, Any]]:
-        H, T = layout(d)
+        H, tokens = layout(d)
+        T = len(tokens)
         n = ncols(H)
         nrows = -(-H // n)
-        # fixed inches per attention cell, so a tile keeps its size whatever the head count (one head is one
-        # small map, not one giant one); at least 3.6 inches wide, the width the two-line title needs
-        cell = 0.13
-        rows, cols = nrows * (T + 1) - 1, n * (T + 1) - 1  # the mosaic's size in cells
-        side, bottom, top = 0.1, 0.08, 0.72  # inches: margins, and above the tiles the title and head names
-        width = max(cols * cell + 2 * side, 3.6)
-        height = rows * cell + bottom + top
+        rows, cols = nrows * (T + 2) - 1, n * (T + 1) - 1  # the mosaic's size in cells (a blank row on each tile)
+        # inches per attention cell: a 10 pt word per row and per column needs 0.17 inches; a long sentence
+        # gets smaller cells (the page is about 9.6 inches wide) and a word on every k-th row only
+        longest = max(len(t) for t in tokens)
+        side = 0.15 + 0.085 * longest  # inches for the query words left of the tiles, and the key words below
+        cell = min(0.17, (9.6 - side - 0.15) / cols)
+        every = max(1, round(0.165 / cell + 0.49))
+        top = 0.6  # inches above the tiles: the title
+        needed = cols * cell + side + 0.15
+        width = max(needed, 3.6)  # at least as wide as the title
+        height = rows * cell + side + top
         fig = Figure(figsize=(width, height), dpi=72)
-        ax = fig.add_axes(((width - cols * cell) / 2 / width, bottom / height, cols * cell / width,
-                           rows * cell / height))
-        image = ax.imshow(heads_mosaic(d["weights"], n).numpy(), cmap="viridis", vmin=0, vmax=1,
+        left = side + (width - needed) / 2  # the words and tiles centred under the title
+        ax = fig.add_axes((left / width, side / height, cols * cell / width, rows * cell / height))
+        image = ax.imshow(mosaic(d["weights"]).numpy(), cmap="viridis", vmin=0, vmax=1,
                           interpolation="nearest", aspect="auto")
         ax.set_xlim(-0.5, cols - 0.5)
         ax.set_ylim(rows - 0.5, -0.5)
         for h in range(H):
             r, c = divmod(h, n)
-            ax.text(c * (T + 1) - 0.5, r * (T + 1) - 0.7, f"head {h}", fontsize=7, va="bottom")
+            ax.text(c * (T + 1) - 0.5, r * (T + 2) + 0.3, f"head {h}", fontsize=10, va="bottom")
+        for r in range(nrows):  # the queries, left of each row of tiles
+            for i in range(0, T, every):
+                ax.text(-0.8, r * (T + 2) + 1 + i, tokens[i], fontsize=10, ha="right", va="center")
+        for c in range(n):  # the keys, under each column of tiles
+            for j in range(0, T, every):
+                ax.text(c * (T + 1) + j, rows - 0.2, tokens[j], fontsize=10, ha="center", va="top", rotation=90)
         ax.axis("off")
         fig.text(0.5, 1 - 0.06 / height, f"{H} head{'s' if H > 1 else ''} of d_k = {d['head_dim']}\n"
-                 "(each map: queries down, keys across)", fontsize=9, ha="center", va="top")
+                 "(each map: queries down, keys across)", fontsize=11, ha="center", va="top")
         return fig, {"image": image}
 
     def redraw(d: dict, art: dict[str, Any]) -> None:
-        art["image"].set_data(heads_mosaic(d["weights"], ncols(d["num_heads"])).numpy())  # one image for all heads
+        art["image"].set_data(mosaic(d["weights"]).numpy())  # one image for all heads
 
     def caption(d: dict) -> str:
-        return (f"{d['num_heads']} heads × d_k = {d['head_dim']} = d_model {d_model}; parameters: {d['params']:,} "
-                f"(the same for every head count); mean entropy {d['entropy']:.2f}")
+        H = d["num_heads"]
+        return (f"{H} head{'s' if H > 1 else ''} × d_k = {d['head_dim']} = d_model {d_model}; parameters: "
+                f"{d['params']:,} (the same for every head count); mean entropy {d['entropy']:.2f}")
 
     heads = _divisors(d_model)
     return Explorer(

@@ -90,11 +90,11 @@ def kv_budget_explorer(*, contexts: Sequence[int] = CONTEXTS,
         # one bar segment per model and kind, all redrawn (a kind a model lacks stays 0 wide)
         segments = {(m, k): a1.barh(ys[m], 0.0, height=0.62, color=KIND_COLORS[k], linewidth=0)[0]
                     for m in _MODELS for k in LAYER_KINDS}
-        ends = {m: a1.text(0.0, ys[m], " ", va="center", fontsize=9) for m in _MODELS}
+        ends = {m: a1.text(0.0, ys[m], " ", va="center", fontsize=10) for m in _MODELS}
         a1.set_ylim(-0.6, n - 0.4)
         names = [f"{CONFIGS[m].name}\n{_k(CONFIGS[m].max_position_embeddings)} positions" for m in _MODELS]
-        a1.set_yticks([ys[m] for m in _MODELS], labels=names, fontsize=9)
-        a1.tick_params(axis="x", labelsize=9)
+        a1.set_yticks([ys[m] for m in _MODELS], labels=names, fontsize=10)
+        a1.tick_params(axis="x", labelsize=10)
         a1.set_xlabel("GiB per sequence", fontsize=10)
         a1.grid(axis="x", alpha=0.3)
         a1.set_axisbelow(True)
@@ -114,7 +114,7 @@ def kv_budget_explorer(*, contexts: Sequence[int] = CONTEXTS,
         yt = [v for v in (0.01, 0.1, 1.0, 10.0, 100.0) if lo / 2 <= v <= hi * 2]
         a2.set_yticks(yt, labels=[f"{v:g}" for v in yt])
         a2.minorticks_off()
-        a2.tick_params(labelsize=9)
+        a2.tick_params(labelsize=10)
         a2.set_xlabel("context S (tokens)", fontsize=10)
         a2.set_ylabel("GiB (log)", fontsize=10)
         a2.grid(alpha=0.3)
@@ -124,7 +124,7 @@ def kv_budget_explorer(*, contexts: Sequence[int] = CONTEXTS,
         t2 = a2.set_title(" ", fontsize=10)
         handles = [Patch(color=KIND_COLORS[k], label=LAYER_KIND_LABELS[k]) for k in LAYER_KINDS]
         handles.append(Patch(facecolor="0.6", edgecolor="white", hatch="///", label="S > max_position_embeddings"))
-        fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.01, 0.935), ncol=3, fontsize=9,
+        fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.01, 0.935), ncol=3, fontsize=10,
                    frameon=False, handlelength=1.6, columnspacing=1.2)
         # the changing texts live on an axes over the whole figure, not on the figure: matplotlib leaves a figure's
         # own animated artists out of a full render (savefig), so tests could not compare them with the fast frame

@@ -98,14 +98,28 @@ def kv_heads_explorer(
     frames' layout never depends on a timing.
     """
     costs = {} if measured is None else measured
+    live: set[tuple] = set()  # the timings this explorer measured (the others came in ``measured``)
     heads, seq_lens = list(num_heads_options), list(seq_len_options)
+
+    def missing(H: int, S: int, device: str) -> list[int]:
+        bench_len = max(1, S // BENCH_DIVISOR)
+        options = sorted({_kv_heads(H, c) for c in KV_CHOICES}, reverse=True)
+        return [h for h in options if decode_key(H, h, bench_len, device) not in costs]
+
+    def busy(v: dict) -> str | None:
+        if not missing(v["num_heads"], v["seq_len"], v["device"]):
+            return None
+        return (f"measuring one decoding step for every KV choice at H = {v['num_heads']}, S = {v['seq_len']:,} "
+                f"on {v['device']} (fastest of {rounds} rounds); a few seconds")
 
     def timing(H: int, S: int, device: str) -> dict[int, float]:
         options = sorted({_kv_heads(H, c) for c in KV_CHOICES}, reverse=True)
         bench_len = max(1, S // BENCH_DIVISOR)
         missing = [h for h in options if decode_key(H, h, bench_len, device) not in costs]
         if missing:
-            costs.update(measure_decode(H, S, missing, device=device, rounds=rounds, seed=seed))
+            new = measure_decode(H, S, missing, device=device, rounds=rounds, seed=seed)
+            costs.update(new)
+            live.update(new)
         return {h: costs[decode_key(H, h, bench_len, device)] for h in options}
 
     def compute(num_heads: int, kv: str, seq_len: int, device: str) -> dict:
@@ -131,33 +145,34 @@ def kv_heads_explorer(
 
     def build(d: dict) -> tuple[Figure, dict[str, Any]]:
         options = d["options"]
-        fig = Figure(figsize=(9.6, 3.4), dpi=72)
-        fig.subplots_adjust(left=0.08, right=0.97, top=0.83, bottom=0.16, wspace=0.55)
-        a1, a2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.0, 1.1]})
+        fig = Figure(figsize=(9.6, 4.0), dpi=72)
+        fig.subplots_adjust(left=0.08, right=0.97, top=0.84, bottom=0.14, wspace=0.62)
+        a1, a2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.0, 1.05]})
         for n, (choice, curve) in enumerate(zip(KV_CHOICES, d["cache_curves"])):
             a1.plot(seq_lens, [b / _GIB for b in curve], "-", marker=".", color=_COLORS[n],
                     label=_kv_label(choice, options[n]), lw=1.4)
         a1.set_xscale("log", base=2)
         a1.set_yscale("log")
         a1.set_xlim(seq_lens[0] / 1.3, seq_lens[-1] * 1.3)
-        a1.set_ylim(0.005, 64)
+        a1.set_ylim(0.005, 300)  # room above the curves for the legend
         a1.set_xticks(seq_lens, labels=[f"{s // 1024}k" for s in seq_lens])  # plain labels: mathtext is slow
-        a1.set_yticks([0.01, 0.1, 1, 10], labels=["0.01", "0.1", "1", "10"])
+        a1.set_yticks([0.01, 0.1, 1, 10, 100], labels=["0.01", "0.1", "1", "10", "100"])
         a1.minorticks_off()
         a1.set_xlabel("context length S (tokens)")
         a1.set_ylabel("KV cache, GiB (log)")
         a1.grid(alpha=0.3)
-        a1.legend(fontsize=7, loc="upper left")
+        a1.legend(fontsize=10, loc="upper left", ncol=2, handlelength=1.2, columnspacing=0.8, borderaxespad=0.3,
+                  labelspacing=0.25)
         (marker,) = a1.plot([seq_lens[0]], [1.0], "o", ms=11, mfc="none", mec="black", mew=2)
-        t1 = a1.set_title(" ", fontsize=9)
+        t1 = a1.set_title(" ", fontsize=10)
         ys = list(range(len(KV_CHOICES)))[::-1]
-        bars = log_bars(a2, ys, 3e-3, 1e3, [1e-2, 0.1, 1, 10, 100, 1000], color="lightgray", fontsize=7)
+        bars = log_bars(a2, ys, 3e-3, 1e3, [1e-2, 0.1, 1, 10, 100, 1000], color="lightgray", fontsize=10)
         a2.set_ylim(-0.6, len(ys) - 0.4)
-        a2.set_yticks(ys, labels=[_kv_label(c, h) for c, h in zip(KV_CHOICES, options)], fontsize=8)
-        a2.set_xlabel("one decoding step's attention, ms (log), measured", fontsize=9)
+        a2.set_yticks(ys, labels=[_kv_label(c, h) for c, h in zip(KV_CHOICES, options)], fontsize=10)
+        a2.set_xlabel("one decoding step's attention, ms (log), measured", fontsize=10)
         a2.grid(axis="x", alpha=0.3)
-        t2 = a2.set_title(" ", fontsize=9)
-        title = fig.suptitle(" ", fontsize=10)
+        t2 = a2.set_title(" ", fontsize=10)
+        title = fig.suptitle(" ", fontsize=11)
         return fig, {"marker": marker, "t1": t1, "bars": list(bars.bars), "texts": bars.texts, "t2": t2,
                      "title": title, "log_bars": bars}
 
@@ -165,21 +180,28 @@ def kv_heads_explorer(
         art["marker"].set_data([d["seq_len"]], [d["cache_bytes"] / _GIB])
         art["t1"].set_text(f"KV cache of the model (counted): {_fmt_bytes(d['cache_bytes'])}")
         ms = [t * 1e3 for t in d["time_s"]]
-        art["log_bars"].set(ms, [f"{x:.3g} ms, reads {_fmt_bytes(b)}" for x, b in zip(ms, d["bench_read_bytes"])])
-        for n, bar in enumerate(art["bars"]):
+        for n, bar in enumerate(art["bars"]):  # the colours first: a label inside a bar takes a colour that reads on it
             bar.set_color(_COLORS[n] if n == d["current"] else "lightgray")
+        art["log_bars"].set(ms, [f"{x:.3g} ms, reads {_fmt_bytes(b)}" for x, b in zip(ms, d["bench_read_bytes"])])
         art["t2"].set_text(f"1 layer, {d['bench_len']} cached keys (S/{BENCH_DIVISOR}), fp32, {d['device']}")
         art["title"].set_text(f"H = {d['num_heads']} query heads, {d['num_kv_heads']} KV heads "
                               f"({d['group']} queries per KV head), S = {d['seq_len']:,}")
 
-    def caption(d: dict) -> str:
+    def numbers(d: dict) -> str:
         mha = d["time_s"][0]
         t = d["time_s"][d["current"]]
         return (f"{d['kv']} with H = {d['num_heads']}: {d['num_kv_heads']} KV heads; cache "
                 f"{_fmt_bytes(d['bytes_per_token'])} per token, {_fmt_bytes(d['cache_bytes'])} at S = {d['seq_len']:,} "
                 f"({MODEL['num_layers']} layers, head dim {MODEL['head_dim']}, fp16, batch 1; "
                 f"{d['group']}x less than MHA). One step's attention at benchmark scale: {t * 1e3:.3g} ms vs "
-                f"{mha * 1e3:.3g} ms for MHA (measured on {d['device']} when this was built)")
+                f"{mha * 1e3:.3g} ms for MHA (fastest of interleaved rounds on {d['device']}")
+
+    def static_caption(d: dict) -> str:
+        return f"{numbers(d)}, measured when the page was built)"
+
+    def caption(d: dict) -> str:
+        now = decode_key(d["num_heads"], d["num_kv_heads"], d["bench_len"], d["device"]) in live
+        return f"{numbers(d)}, {'measured just now' if now else 'measured earlier in this notebook'})"
 
     static_num_heads, static_seq_len = list(static_num_heads), list(static_seq_len)
     return Explorer(
@@ -191,5 +213,5 @@ def kv_heads_explorer(
                     fmt=lambda s: f"{s:,}"),
             device_control(),
         ],
-        compute, caption=caption, layout=layout, build=build, redraw=redraw,
+        compute, caption=caption, layout=layout, build=build, redraw=redraw, busy=busy, static_caption=static_caption,
     )

@@ -9,6 +9,7 @@ Dimension legend: T queries and keys (self-attention), E model dim.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -19,9 +20,14 @@ from ..masks import causal_mask, combine_masks, padding_mask, sliding_window_mas
 from ..plotting import index_ticks
 from .base import Control, Explorer, device_control
 
-__all__ = ["masks_explorer", "MASK_KINDS"]
+__all__ = ["masks_explorer", "MASK_KINDS", "WINDOWED", "PADDED"]
 
 MASK_KINDS = ["causal", "padding", "sliding window", "causal + padding", "causal + window"]
+WINDOWED = ("sliding window", "causal + window")  # the kinds the window applies to
+PADDED = ("padding", "causal + padding")  # the kinds the real length applies to
+_T_VALUES = [4, 6, 8, 12, 16]
+_WINDOWS = [0, 1, 2, 3, 4]
+_LENGTHS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]
 
 
 def _build_mask(kind: str, T: int, window: int, length: int) -> torch.Tensor:
@@ -43,7 +49,15 @@ def _build_mask(kind: str, T: int, window: int, length: int) -> torch.Tensor:
 
 def masks_explorer(seed: int = 0, d_model: int = 16) -> Explorer:
     """Mask kind (causal, padding lengths, sliding window, combinations), window,
-    padding length, sequence length and device -> the mask and the attention it allows."""
+    padding length, sequence length and device -> the mask and the attention it allows.
+
+    The window applies to :data:`WINDOWED` kinds only (and goes up to T - 1, where it covers every key), the
+    real length to :data:`PADDED` kinds only (up to T); the live widget disables the other one."""
+
+    def limits(v: dict) -> dict[str, Sequence[Any] | None]:
+        T = v["T"]
+        return {"window": [w for w in _WINDOWS if w <= T - 1] if v["kind"] in WINDOWED else None,
+                "length": [n for n in _LENGTHS if n <= T] if v["kind"] in PADDED else None}
 
     def compute(kind: str, T: int, window: int, length: int, device: str) -> dict:
         mask = _build_mask(kind, T, window, length)  # (T, S)
@@ -82,18 +96,21 @@ def masks_explorer(seed: int = 0, d_model: int = 16) -> Explorer:
         art["title"].set_text(d["kind"])
 
     def caption(d: dict) -> str:
-        return (f"{d['kind']}, T = {d['T']}, window = {d['window']}, real length = {min(d['length'], d['T'])}: "
-                f"{d['allowed']} of {d['T'] ** 2} (query, key) pairs allowed; "
-                f"{d['empty_rows']} query row(s) with no key (their weights are all 0, not NaN)")
+        window = f", window = {d['window']}" if d["kind"] in WINDOWED else ""
+        length = f", real length = {d['length']}" if d["kind"] in PADDED else ""
+        empty = d["empty_rows"]
+        return (f"{d['kind']}, T = {d['T']}{window}{length}: {d['allowed']} of {d['T'] ** 2} (query, key) pairs "
+                f"allowed; {empty} query row{'' if empty == 1 else 's'} with no key "
+                "(their weights are all 0, not NaN)")
 
     return Explorer(
         "Masks",
         [
             Control("kind", MASK_KINDS, "causal", label="mask", kind="dropdown"),
-            Control("T", [4, 6, 8, 12, 16], 8, label="sequence length", static=[8]),
-            Control("window", [0, 1, 2, 3, 4], 2, label="window", static=[1, 3]),
-            Control("length", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16], 5, label="real length (padding)", static=[5]),
+            Control("T", _T_VALUES, 8, label="sequence length", static=[8]),
+            Control("window", _WINDOWS, 2, label="window", static=[1, 3]),
+            Control("length", _LENGTHS, 5, label="real length (padding)", static=[5]),
             device_control(),
         ],
-        compute, caption=caption, layout=layout, build=build, redraw=redraw,
+        compute, caption=caption, layout=layout, build=build, redraw=redraw, limits=limits,
     )

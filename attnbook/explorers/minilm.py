@@ -11,6 +11,7 @@ Dimension legend: N layers, H heads per layer, T tokens of the sentence
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,21 +72,35 @@ def minilm_explorer(model: MiniLM, tokenizer: Any, sentences: Sequence[str] | No
     def build(d: dict) -> tuple[Figure, dict[str, Any]]:
         key = layout(d)
         T = len(key)
-        fig = Figure(figsize=(8.0, 4.6), dpi=72)
-        ax = fig.add_axes((0.11, 0.2, 0.5, 0.72))
+        # sized by the sentence: 0.18 inches a token (a 10 pt word per row and per column), the map at least 3
+        # inches a side; the figure at most 9.6 inches wide (the page) and the map at most 12 tall: past
+        # that, a word on every k-th column (or row) only
+        words = 0.2 + 0.085 * max(len(t) for t in key)  # inches: the longest token, left of and under the map
+        bars_w = 0.1 + 0.085 * max(len(m) for m in MEASURES) + 1.9  # the measures' names and their bars
+        left = words + 0.3  # and the axis label
+        map_w = min(max(3.0, 0.18 * T), 9.6 - left - 0.35 - bars_w)
+        map_h = min(max(3.0, 0.18 * T), 12.0)
+        bottom, top = words + 0.35, 0.45  # inches: the key words and the axis label; the title
+        width, height = left + map_w + 0.35 + bars_w, bottom + map_h + top
+        fig = Figure(figsize=(width, height), dpi=72)
+        ax = fig.add_axes((left / width, bottom / height, map_w / width, map_h / height))
         image = ax.imshow(torch.zeros(T, T).numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest",
                           aspect="auto")
-        ax.set_xticks(range(T), labels=list(key), rotation=90, fontsize=8)
-        ax.set_yticks(range(T), labels=list(key), fontsize=8)
-        ax.set_xlabel("key (attended to)", fontsize=8)
-        ax.set_ylabel("query", fontsize=8)
-        bx = fig.add_axes((0.76, 0.2, 0.21, 0.72))
+        for axis, inches in ((ax.xaxis, map_w), (ax.yaxis, map_h)):
+            every = max(1, math.ceil(0.18 * T / inches - 1e-9))
+            shown = list(range(0, T, every))
+            axis.set_ticks(shown, labels=[key[i] for i in shown], fontsize=10)
+        ax.tick_params(axis="x", labelrotation=90)
+        ax.set_xlabel("key (attended to)", fontsize=10)
+        ax.set_ylabel("query", fontsize=10)
+        bar_h = min(map_h, 2.6)
+        bx = fig.add_axes(((width - 2.0) / width, (bottom + map_h - bar_h) / height, 1.8 / width, bar_h / height))
         bars = bx.barh(range(len(MEASURES)), [0.0] * len(MEASURES), color="tab:blue")
-        bx.set_yticks(range(len(MEASURES)), labels=list(MEASURES), fontsize=8)
+        bx.set_yticks(range(len(MEASURES)), labels=list(MEASURES), fontsize=10)
         bx.invert_yaxis()
         bx.set_xlim(0, 1)
-        bx.set_xlabel("share of weight (mean over words)", fontsize=8)
-        title = fig.suptitle(" ", fontsize=10)
+        bx.set_xlabel("share of weight\n(mean over words)", fontsize=10)
+        title = fig.suptitle(" ", fontsize=11, y=1 - 0.08 / height, va="top")
         return fig, {"image": image, "bars": bars, "title": title}
 
     def redraw(d: dict, art: dict[str, Any]) -> None:

@@ -83,7 +83,8 @@ def positions_explorer(T: int = 32, seed: int = 0) -> Explorer:
         art["similarity"].set_data(sim.numpy())
         art["similarity"].set_clim(float(sim.min()), float(sim.max()) if sim.max() > sim.min() else float(sim.min()) + 1)
         art["t1"].set_text("bias per head (middle query)" if d["kind"] == "ALiBi" else "encoding")
-        art["title"].set_text(f"{d['kind']}, d_model = {d['d_model']}, positions {d['offset']}..{d['offset'] + T - 1}")
+        art["title"].set_text("ALiBi, 8 heads: a bias on the scores that depends on i - j only" if d["kind"] == "ALiBi"
+                              else f"{d['kind']}, d_model = {d['d_model']}, positions {d['offset']}..{d['offset'] + T - 1}")
 
     def caption(d: dict) -> str:
         return str(d["what"])
@@ -97,4 +98,6 @@ def positions_explorer(T: int = 32, seed: int = 0) -> Explorer:
             device_control(),
         ],
         compute, caption=caption, layout=layout, build=build, redraw=redraw,
+        # ALiBi adds nothing to the tokens: its bias depends on i - j only, not on d_model or the offset
+        limits=lambda v: {"d_model": None, "offset": None} if v["kind"] == "ALiBi" else {},
     )

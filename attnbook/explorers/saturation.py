@@ -75,8 +75,10 @@ def saturation_explorer(seed: int = 0) -> Explorer:
         return d["T"], d["device"]  # the bars per key and the curves (measured on that device)
 
     def build(d: dict) -> tuple[Figure, dict[str, Any]]:
-        fig = Figure(figsize=(8.4, 5.2), dpi=72)
-        fig.subplots_adjust(left=0.06, right=0.98, top=0.94, bottom=0.09, hspace=0.42, wspace=0.18)
+        from matplotlib.lines import Line2D
+
+        fig = Figure(figsize=(8.4, 5.6), dpi=72)
+        fig.subplots_adjust(left=0.07, right=0.98, top=0.94, bottom=0.17, hspace=0.45, wspace=0.18)
         (a1, a2), (a3, a4) = fig.subplots(2, 2)
         width = float(bins[1] - bins[0])
         hist = a1.bar(bins[:-1].tolist(), [0.0] * 64, width=width, align="edge", color="tab:blue")
@@ -89,25 +91,31 @@ def saturation_explorer(seed: int = 0) -> Explorer:
         a2.set_xlabel("key")
         index_ticks(a2, "x")  # keys are whole numbers
         c = d["curves"]
-        for name, style in (("unscaled", "--"), ("scaled", "-")):
-            a3.plot(c["d_k"], c[name]["entropy"], style, marker=".", label=name)
-            a4.plot(c["d_k"], c[name]["grad_norm"], style, marker=".", label=f"{name}: ‖Jacobian‖")
-            a4.plot(c["d_k"], c[name]["max_weight"], style, alpha=0.5, label=f"{name}: max weight")
+        # one colour per scaling, one line style per quantity, in both lower panels
+        for name, color in (("unscaled", "tab:blue"), ("scaled", "tab:orange")):
+            a3.plot(c["d_k"], c[name]["entropy"], "-", marker=".", color=color)
+            a4.plot(c["d_k"], c[name]["grad_norm"], "-", marker=".", color=color)
+            a4.plot(c["d_k"], c[name]["max_weight"], ":", lw=1.6, color=color)
         a3.axhline(math.log(d["T"]), color="gray", lw=0.8, ls=":")
-        a3.set_title(f"entropy (uniform = log T = {math.log(d['T']):.2f})", fontsize=10)
-        a4.set_title("softmax Jacobian norm and max weight", fontsize=10)
+        a3.set_title(f"entropy (uniform = log T = {math.log(d['T']):.2f})", fontsize=11)
+        a4.set_title("softmax Jacobian norm and max weight", fontsize=11)
         marks = []
-        # fixed legend places: loc="best" would dodge the moving red mark in a full render, but the cached
-        # background keeps the place it had when the figure was built
-        for ax, loc in ((a3, "lower left"), (a4, "center right")):
+        for ax in (a3, a4):
             ax.set_xscale("log", base=2)
             ax.set_xticks(DK_TICKS, labels=[str(t) for t in DK_TICKS])  # plain labels: mathtext is slow
             ax.minorticks_off()
             marks.append(ax.axvline(d["d_k"], color="red", lw=1))
             ax.set_xlabel("d_k")
-            ax.legend(fontsize=7, loc=loc)
-        t1 = a1.set_title(" ", fontsize=10)
-        t2 = a2.set_title(" ", fontsize=10)
+        # the legend sits under the panels, where the moving red mark never crosses it
+        handles = [Line2D([], [], color="tab:blue", marker=".", label="unscaled"),
+                   Line2D([], [], color="tab:orange", marker=".", label="scaled by 1/√d_k"),
+                   Line2D([], [], color="0.3", ls="-", label="Jacobian norm (right)"),
+                   Line2D([], [], color="0.3", ls=":", lw=1.6, label="max weight (right)"),
+                   Line2D([], [], color="red", lw=1, label="current d_k")]
+        fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=10, frameon=False,
+                   bbox_to_anchor=(0.5, 0.0), handlelength=1.8, columnspacing=1.2)
+        t1 = a1.set_title(" ", fontsize=11)
+        t2 = a2.set_title(" ", fontsize=11)
         return fig, {"hist": hist, "bars": bars, "marks": marks, "t1": t1, "t2": t2}
 
     def redraw(d: dict, art: dict[str, Any]) -> None:

@@ -51,31 +51,40 @@ _KIND_HELP = {
 }
 
 
-def _build_figure(H: int, T: int, K: int, ncols: int) -> tuple[Figure, dict[str, Any]]:
-    """One figure per layout (heads, query and key lengths): the mosaic image, the
-    tick-label texts and the title are the only artists that change."""
+def _mosaic(weights: torch.Tensor, ncols: int) -> torch.Tensor:
+    """The maps ``(H, T, K)`` tiled, ``ncols`` a row, with a blank row above each (room for its head's name)."""
+    H, T, K = weights.shape
+    return heads_mosaic(torch.cat([torch.full((H, 1, K), float("nan")), weights], dim=1), ncols)
+
+
+def _build_figure(H: int, T: int, K: int, ncols: int, key_len: int) -> tuple[Figure, dict[str, Any]]:
+    """One figure per layout (heads, query and key lengths, the longest key label): the mosaic image, the
+    tick-label texts and the title are the only artists that change. Key labels longer than a character
+    are written upwards."""
     nrows = -(-H // ncols)
-    cell = max(0.17, 1.6 / K)  # inches per attention cell: tiles at least 1.6 inches wide
-    rows, cols = nrows * (T + 1) - 1, ncols * (K + 1) - 1  # the mosaic's size in cells
-    left, right, bottom, top = 0.4, 0.1, 0.2, 0.62  # inches: query labels, key labels, title and head names
+    cell = max(0.18, 1.6 / K)  # inches per attention cell: room for a 10 pt label a row; tiles >= 1.6 inches
+    rows, cols = nrows * (T + 2) - 1, ncols * (K + 1) - 1  # the mosaic's size in cells
+    upright = key_len > 1
+    bottom = 0.15 + 0.085 * key_len if upright else 0.3  # inches under the tiles: the key labels
+    left, right, top = 0.55, 0.1, 0.55  # inches: query labels, margin, the two-line title
     width = max(cols * cell + left + right, 4.5)
     height = rows * cell + bottom + top
     fig = Figure(figsize=(width, height), dpi=72)
     ax = fig.add_axes((left / width, bottom / height, cols * cell / width, rows * cell / height))
-    image = ax.imshow(heads_mosaic(torch.zeros(H, T, K), ncols).numpy(), cmap="viridis", vmin=0, vmax=1,
+    image = ax.imshow(_mosaic(torch.zeros(H, T, K), ncols).numpy(), cmap="viridis", vmin=0, vmax=1,
                       interpolation="nearest", aspect="auto")
     ax.set_xlim(-0.5, cols - 0.5)
     ax.set_ylim(rows - 0.5, -0.5)
     ax.axis("off")
     for h in range(H):
         r, c = divmod(h, ncols)
-        ax.text(c * (K + 1) + (K - 1) / 2, r * (T + 1) - 0.6, f"head {h}", fontsize=7, ha="center", va="bottom")
+        ax.text(c * (K + 1) + (K - 1) / 2, r * (T + 2) + 0.3, f"head {h}", fontsize=10, ha="center", va="bottom")
     below = rows - 0.3  # key labels under the last row of tiles (the same for every tile)
-    key_texts = [ax.text(c * (K + 1) + j, below, "", fontsize=6, ha="center", va="top")
+    key_texts = [ax.text(c * (K + 1) + j, below, "", fontsize=10, ha="center", va="top", rotation=90 if upright else 0)
                  for c in range(ncols) for j in range(K)]
-    query_texts = [ax.text(-0.7, r * (T + 1) + i, "", fontsize=6, ha="right", va="center")
+    query_texts = [ax.text(-0.7, r * (T + 2) + 1 + i, "", fontsize=10, ha="right", va="center")
                    for r in range(nrows) for i in range(T)]
-    title = fig.text(0.05 / width, 1 - 0.04 / height, " ", fontsize=8, ha="left", va="top")
+    title = fig.text(0.05 / width, 1 - 0.04 / height, " ", fontsize=10, ha="left", va="top")
     return fig, {"image": image, "title": title, "keys": key_texts, "queries": query_texts}
 
 
@@ -130,7 +139,9 @@ def trained_heads_explorer(
                 raise ValueError(f"examples[{name!r}]: {text!r} is not a {task.name} source: {err}") from None
     static_examples = n_examples if static_examples is None else check_int("static_examples", static_examples,
                                                                             1, n_examples)
-    max_layers = max(max(len(m.encoder.layers), len(m.decoder.layers)) for m, _ in models.values())
+    depth = {(name, kind): len(models[name][0].encoder.layers if block == "encoder" else models[name][0].decoder.layers)
+             for name in names for kind, block in KINDS.items()}  # layers of each task's model, per block
+    max_layers = max(depth.values())
     runs: dict[tuple[str, int], TaskAttention] = {}
 
     def compute(task: str, example: int, kind: str, layer: int) -> dict:
@@ -153,16 +164,16 @@ def trained_heads_explorer(
             data["shares"] = run.alignment_shares(shown)
         return data
 
-    def layout(d: dict) -> tuple[int, int, int, int]:
+    def layout(d: dict) -> tuple[int, int, int, int, int]:
         H, T, K = d["weights"].shape
-        return H, T, K, min(H, 8)  # heads, query and key lengths, heads per row
+        return H, T, K, min(H, 4), max(len(k) for k in d["keys"])  # heads, lengths, heads per row, longest key
 
     def build(d: dict) -> tuple[Figure, dict[str, Any]]:
         return _build_figure(*layout(d))
 
     def redraw(d: dict, f: dict[str, Any]) -> None:
-        H, T, K, ncols = layout(d)
-        f["image"].set_data(heads_mosaic(d["weights"], ncols).numpy())  # one image for all heads
+        H, T, K, ncols, _ = layout(d)
+        f["image"].set_data(_mosaic(d["weights"], ncols).numpy())  # one image for all heads
         for i, t in enumerate(f["keys"]):
             t.set_text(d["keys"][i % K])
         for i, t in enumerate(f["queries"]):
@@ -187,4 +198,6 @@ def trained_heads_explorer(
             Control("layer", list(range(max_layers)), 0, label="layer"),
         ],
         compute, caption=caption, layout=layout, build=build, redraw=redraw,
+        # the layers the chosen model has in the chosen block (a one-layer model: the slider is not shown)
+        limits=lambda v: {"layer": list(range(depth[v["task"], v["kind"]]))},
     )

@@ -5,8 +5,9 @@ memory it holds, against exact attention and PyTorch's fused kernel.
 
 The variants are :data:`attnbook.efficient.REGISTRY`'s: the pairs drawn are each variant's declared
 :class:`attnbook.efficient.Pattern` (:func:`attnbook.efficient.pair_picture`), the costs come from
-:func:`attnbook.efficient.measure_costs` (time: fastest of interleaved rounds; memory: tracked tensor by
-tensor, so the same on every run). This module holds only the explorer and the choices it offers.
+:func:`attnbook.efficient.measure_costs` (time: the median of interleaved rounds, the statistic chapter 8
+and the benchmarks report; memory: tracked tensor by tensor, so the same on every run). This module holds
+only the explorer and the choices it offers.
 
 Dimension legend:
     B  batch size (1 by default)
@@ -77,7 +78,7 @@ def variants_explorer(
     windows: Sequence[int] = WINDOWS,
     static_t: Sequence[int] = (256, 1024, 4096),
     static_windows: Sequence[int] = (64,),
-    rounds: int = 2,
+    rounds: int = 5,
     resolution: int = 128,
     seed: int = 0,
 ) -> Explorer:
@@ -87,20 +88,34 @@ def variants_explorer(
     kernel's, on ``make_inputs(T)`` (B=1, H=2, D=32).
 
     ``measured`` (``{cost_key(...): {"time_s", "peak_bytes"}}``, e.g. from
-    :func:`measure_costs`) supplies costs already measured; the rest are measured
-    on first use (``rounds`` timed rounds) and kept in that same dict. Passing the
-    numbers for the static combinations makes the book's frames cost no
-    measuring. The static frames: every variant x ``static_t``, window ``static_windows``.
+    :func:`measure_costs` with ``reduce="median"``, as chapter 8 measures them) supplies costs already
+    measured; the rest are measured on first use (the median of ``rounds`` interleaved rounds, the same
+    statistic) and kept in that same dict. Passing the numbers for the static combinations makes the book's
+    frames cost no measuring; their caption says they were measured when the page was built, the live one
+    which numbers were measured just now. The window control applies to the variants that have one. The
+    static frames: every variant x ``static_t``, window ``static_windows``.
     """
     costs = {} if measured is None else measured
+    live: set[tuple] = set()  # the keys measured by this explorer (the rest came in ``measured``)
+    roles = ("variant", "exact", "pytorch")
+
+    def missing(variant: str, T: int, window: int) -> list[str]:
+        names = dict.fromkeys((variant, "exact", "pytorch"))
+        return [n for n in names if cost_key(n, T, window) not in costs or "peak_bytes" not in costs[cost_key(n, T, window)]]
 
     def cost(name: str, T: int, window: int) -> dict:
         key = cost_key(name, T, window)
         if key not in costs or "peak_bytes" not in costs[key]:
-            costs.update(measure_costs([name], [T], window, rounds=rounds, seed=seed))
+            costs.update(measure_costs([name], [T], window, rounds=rounds, seed=seed, reduce="median"))
+            live.add(key)
         return costs[key]
 
-    roles = ("variant", "exact", "pytorch")
+    def busy(v: dict) -> str | None:
+        todo = missing(v["variant"], v["T"], v["window"])
+        if not todo:
+            return None
+        return (f"measuring {', '.join(todo)} at T = {v['T']:,} (median of {rounds} rounds, with its memory); "
+                "this takes a few seconds for long sequences")
 
     def compute(variant: str, T: int, window: int) -> dict:
         share = pair_share(variant, T, window, seed=seed)
@@ -111,14 +126,17 @@ def variants_explorer(
             "picture": pair_picture(variant, T, window, resolution, seed=seed), "pair_share": share,
             "time_s": {role: x["time_s"] for role, x in c.items()},
             "peak_bytes": {role: x["peak_bytes"] for role, x in c.items()},
+            # the variants whose numbers this explorer measured (the others came in ``measured``)
+            "measured_now": [n for n in dict.fromkeys(names.values()) if cost_key(n, T, window) in live],
+            "shown": list(dict.fromkeys(names.values())),
         }
 
     def build(d: dict) -> tuple[Figure, dict[str, Any]]:
         import matplotlib as mpl
 
-        fig = Figure(figsize=(10.0, 3.3), dpi=72)
-        fig.subplots_adjust(left=0.03, right=0.97, top=0.84, bottom=0.16, wspace=0.12)
-        gs = fig.add_gridspec(1, 5, width_ratios=[1.0, 0.32, 1.3, 0.1, 1.3])
+        fig = Figure(figsize=(9.6, 3.5), dpi=72)
+        fig.subplots_adjust(left=0.03, right=0.96, top=0.84, bottom=0.17, wspace=0.12)
+        gs = fig.add_gridspec(1, 5, width_ratios=[1.0, 0.45, 1.25, 0.1, 1.25])
         a0 = fig.add_subplot(gs[0])
         cmap = mpl.colormaps["Blues"].with_extremes(bad="#e8e8e8")
         norm = mpl.colors.PowerNorm(0.5, vmin=0, vmax=1)  # sparse scattered pairs stay visible
@@ -128,16 +146,16 @@ def variants_explorer(
         a0.set_yticks([])
         a0.set_xlabel("key j →")
         a0.set_ylabel("← query i")
-        note = a0.text(0.5, 0.5, "", ha="center", va="center", fontsize=9, transform=a0.transAxes)
-        title0 = a0.set_title(" ", fontsize=10)
+        note = a0.text(0.5, 0.5, "", ha="center", va="center", fontsize=10, transform=a0.transAxes)
+        title0 = a0.set_title(" ", fontsize=11)
         bars = {}
         for n, (what, unit) in enumerate((("time", "ms"), ("peak memory (tracked)", "MiB"))):
             ax = fig.add_subplot(gs[2 * n + 2])
             bars[unit] = log_bars(ax, [2, 1, 0], 1e-2, 1e4, [1e-2, 1, 1e2, 1e4], color=("tab:orange", "tab:blue",
-                                                                                         "tab:green"))
+                                                                                         "tab:green"), fontsize=10)
             ax.set_ylim(-0.6, 2.6)
-            ax.set_yticks([2, 1, 0], labels=BAR_LABELS if n == 0 else [""] * 3, fontsize=8)
-            ax.set_xlabel(f"{what}, {unit} (log scale)", fontsize=9)
+            ax.set_yticks([2, 1, 0], labels=BAR_LABELS if n == 0 else [""] * 3, fontsize=10)
+            ax.set_xlabel(f"{what}, {unit} (log scale)", fontsize=10)
             ax.grid(axis="x", alpha=0.3)
         title = fig.suptitle(" ", fontsize=11)
         return fig, {"image": image, "note": note, "title0": title0, "title": title,
@@ -161,13 +179,25 @@ def variants_explorer(
         used = f", {REGISTRY[name].window} {window}" if d["uses_window"] else ""
         art["title"].set_text(f"{name}{used}, T = {T}")
 
-    def caption(d: dict) -> str:
+    def numbers(d: dict) -> str:
         t, m = d["time_s"], d["peak_bytes"]
         share = "no pairs scored" if d["pair_share"] is None else f"{d['pair_share']:.1%} of the T² pairs scored"
         return (f"{d['variant']}, T = {d['T']}: {share}; time {t['variant'] * 1e3:.3g} ms vs exact "
                 f"{t['exact'] * 1e3:.3g} ms and PyTorch's fused kernel {t['pytorch'] * 1e3:.3g} ms; peak memory "
-                f"{m['variant'] / 2**20:.3g} MiB vs {m['exact'] / 2**20:.3g} MiB and {m['pytorch'] / 2**20:.3g} MiB "
-                "(measured on this machine when the page was built)")
+                f"{m['variant'] / 2**20:.3g} MiB vs {m['exact'] / 2**20:.3g} MiB and {m['pytorch'] / 2**20:.3g} MiB")
+
+    def static_caption(d: dict) -> str:
+        return f"{numbers(d)} (times: median of interleaved rounds, one thread, measured when the page was built)"
+
+    def caption(d: dict) -> str:
+        now = d["measured_now"]
+        if not now:
+            when = "measured earlier in this notebook, before this explorer"
+        elif len(now) == len(d["shown"]):
+            when = "measured just now, on this machine"
+        else:
+            when = f"{' and '.join(now)} measured just now on this machine, the rest earlier in this notebook"
+        return f"{numbers(d)} (times: median of interleaved rounds, one thread; {when})"
 
     t_values, windows = list(t_values), list(windows)
     static_t, static_windows = list(static_t), list(static_windows)
@@ -179,5 +209,6 @@ def variants_explorer(
                     static=list(static_t)),
             Control("window", windows, static_windows[0], label="window / block", static=list(static_windows)),
         ],
-        compute, caption=caption, build=build, redraw=redraw,
+        compute, caption=caption, build=build, redraw=redraw, busy=busy, static_caption=static_caption,
+        limits=lambda v: {} if REGISTRY[v["variant"]].window is not None else {"window": None},
     )
