@@ -31,8 +31,8 @@ Two families live here:
   (a positive feature map instead of exp), :func:`performer_attention`
   (random features whose dot product estimates exp), :func:`lsh_attention`
   (each query only sees keys hashed near it), :func:`decayed_linear_attention`
-  (causal linear attention whose state fades by a factor gamma per step: RetNet's
-  retention, an RNN and a state-space model at once) and :func:`delta_rule_attention`
+  (causal linear attention whose state fades by a factor gamma per step, an RNN and a
+  state-space model at once; a relative of RetNet's retention) and :func:`delta_rule_attention`
   (a fixed-size state that overwrites instead of adding: DeltaNet, and with a decay
   gate Gated DeltaNet); both causal only, so they are not in the registry, whose
   variants all run without a mask too.
@@ -1389,8 +1389,10 @@ def decayed_linear_attention(
         out_t = phi(q_t)^T S_t / (phi(q_t)^T z_t + eps)
 
     with phi(x) = elu(x) + 1 as in :func:`linear_attention`. A key seen d steps ago counts gamma^d as
-    much as the current one: RetNet's retention (Sun et al., 2023) with a positive feature map and a
-    normaliser, and the scalar-decay case of the state-space duality of Mamba-2 (Dao & Gu, 2024).
+    much as the current one. Two relatives: RetNet's retention (Sun et al., 2023) decays its state the
+    same way, with a fixed gamma per head, but has no feature map and no normaliser (o_t = q_t^T S_t, with a
+    GroupNorm on each head's output); Mamba-2 (Dao & Gu, 2024) computes its decay from the input at every
+    step, so this function is its case of a decay that does not depend on the input.
     ``gamma`` is a float in (0, 1] or one value per head, a tensor ``(H,)``. With ``gamma = 1`` it is
     :func:`linear_attention` with ``causal=True``.
 

@@ -1,6 +1,8 @@
 """Associative recall: a sequence stores (key, value) pairs and ends with a query key; the answer is the value
-stored with that key. It is the multi-query associative recall task of Arora et al. (2023, "Zoology") in its
-smallest form, the one chapter 11 measures for softmax and linear attention; chapter 13 adds the delta rule.
+stored with that key. This is the task in its simplest form, the one chapter 11 measures for softmax and linear
+attention (chapter 13 adds the delta rule): a single query per sequence, and pre-paired tokens, each holding a
+key together with its value. The multi-query associative recall (MQAR) of Zoology (Arora et al., 2023) is
+harder on both counts: keys and values are separate tokens, and many queries follow.
 
 Dimension legend:
     B  batch size

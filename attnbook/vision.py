@@ -21,14 +21,18 @@ The pieces, each built from attnbook's own modules (:class:`attnbook.layers.Tran
   by row (raster order); :func:`patch_grid` puts one value per patch back on the grid ``(B, Th, Tw)``.
 * :class:`VisionTransformer`: linear patch embedding, a learned [CLS] token, learned 2-D position embeddings
   (a row vector plus a column vector per patch), a pre-LN encoder and a linear head on the [CLS] output.
-* :class:`MLPClassifier`: the baseline, a one-hidden-layer perceptron on the raw pixels;
+* :class:`MLPClassifier`: the baseline, a perceptron with two hidden layers on the raw pixels;
   :func:`mlp_hidden_for` picks its width so it has (about) as many parameters as a given model.
+* :class:`CNNClassifier`: the other baseline, a small convolutional network, which assumes what a ViT has to
+  learn (nearby pixels belong together); :func:`cnn_hidden_for` matches its parameter count the same way.
 * :func:`attention_rollout` (Abnar & Zuidema, 2020): the attention of every layer, averaged over heads, mixed
   with the identity for the residual stream, and multiplied through the layers.
 * :class:`DigitSpeller`: a ViT-style encoder over the patches and a causal decoder whose cross-attention
   queries are letters and whose keys and values are the image patches; it writes ``"seven"`` for a 7.
+  :func:`letter_accuracy` scores it one letter at a time with the right letters given (teacher forcing),
+  reading the image itself or another one.
 * Data: :func:`load_digits_split` (scikit-learn's 8x8 digits, shipped inside the package: no download),
-  :func:`fit` (Adam on shuffled mini-batches, the same for every model here) and :func:`accuracy`.
+  :func:`fit_images` (AdamW on shuffled mini-batches, the same for every model here) and :func:`accuracy`.
 * Drawing a digit (the ViT explorer's pad): :func:`paint` inks a pixel with a soft :data:`BRUSH`, so a
   drawing has the blurred strokes of the 8x8 digits; :func:`hand_drawn_digits` draws :data:`HAND_DRAWN`,
   a few digits clicked on the grid by hand, for testing a model on drawings.
@@ -56,6 +60,8 @@ __all__ = [
     "VisionTransformer",
     "MLPClassifier",
     "mlp_hidden_for",
+    "CNNClassifier",
+    "cnn_hidden_for",
     "n_params",
     "attention_rollout",
     "cls_attention",
@@ -63,6 +69,7 @@ __all__ = [
     "SPELLING_VOCAB",
     "spell",
     "DigitSpeller",
+    "letter_accuracy",
     "random_shift",
     "fit_images",
     "accuracy",
@@ -248,6 +255,42 @@ class MLPClassifier(nn.Module):
         return F.cross_entropy(self(images), labels)
 
 
+class CNNClassifier(nn.Module):
+    """The convolutional baseline: what a ViT has to learn from data (nearby pixels belong together, and a
+    stroke means the same wherever it is) built into the layers. Two 3x3 convolutions with ReLU
+    (``channels``, then ``2 * channels`` feature maps, the image's size kept by zero padding), each followed by
+    2x2 max pooling, then ``hidden`` ReLU units and a linear map to the classes.
+
+    ``forward(images (B, Ih, Iw))`` returns logits ``(B, C)``; ``loss`` as the ViT's. ``image_size`` must be a
+    multiple of 4 (two poolings). :func:`cnn_hidden_for` picks ``hidden`` for a parameter budget."""
+
+    def __init__(self, image_size: int = 8, channels: int = 16, hidden: int = 64, num_classes: int = 10):
+        super().__init__()
+        self.image_size = check_int("image_size", image_size)
+        if image_size % 4:
+            raise ValueError(f"image_size={image_size} must be a multiple of 4 (two 2x2 poolings)")
+        c = check_int("channels", channels)
+        check_int("hidden", hidden)
+        self.features = nn.Sequential(
+            nn.Conv2d(1, c, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # (B, channels, Ih/2, Iw/2)
+            nn.Conv2d(c, 2 * c, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # (B, 2*channels, Ih/4, Iw/4)
+        )
+        self.head = nn.Sequential(nn.Linear(2 * c * (image_size // 4) ** 2, hidden), nn.ReLU(),
+                                  nn.Linear(hidden, check_int("num_classes", num_classes)))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        _check_images(images)
+        if tuple(images.shape[1:]) != (self.image_size, self.image_size):
+            raise ValueError(
+                f"images must be (B, {self.image_size}, {self.image_size}), got {shape_str(images)}")
+        x = self.features(images[:, None])  # (B, 1, Ih, Iw) -> (B, 2*channels, Ih/4, Iw/4)
+        out: torch.Tensor = self.head(x.flatten(1))  # (B, C)
+        return out
+
+    def loss(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self(images), labels)
+
+
 def n_params(model: nn.Module) -> int:
     """The number of trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -260,6 +303,20 @@ def mlp_hidden_for(target: int, image_size: int = 8, num_classes: int = 10) -> i
 
     def count(h: int) -> int:
         return (n + 1) * h + (h + 1) * h + (h + 1) * num_classes
+
+    return min(range(1, 4096), key=lambda h: abs(count(h) - target))
+
+
+def cnn_hidden_for(target: int, image_size: int = 8, channels: int = 16, num_classes: int = 10) -> int:
+    """The ``hidden`` width of :class:`CNNClassifier` (with these ``channels``) whose parameter count is
+    closest to ``target``."""
+    check_int("target", target)
+    check_int("channels", channels)
+    convs = (9 + 1) * channels + (9 * channels + 1) * 2 * channels  # two 3x3 convolutions with biases
+    flat = 2 * channels * (image_size // 4) ** 2  # features after two 2x2 poolings
+
+    def count(h: int) -> int:
+        return convs + (flat + 1) * h + (h + 1) * num_classes
 
     return min(range(1, 4096), key=lambda h: abs(count(h) - target))
 
@@ -410,6 +467,30 @@ class DigitSpeller(nn.Module):
             cross = cross_layers[-1]  # (B, H, l, Th*Tw)
         assert cross is not None
         return v.stop_after_eos(ids[:, 1:]), cross  # (B, L)
+
+
+@torch.no_grad()
+def letter_accuracy(model: DigitSpeller, images: torch.Tensor, labels: torch.Tensor, *,
+                    read: torch.Tensor | None = None) -> torch.Tensor:
+    """How often ``model`` predicts each letter of the names right when it is given the right letters before
+    it (teacher forcing), reading the patches of ``read`` (default: ``images`` themselves; pass other images,
+    one per name, to see which letters come from the image and which from the letters already written).
+
+    Returns ``(L,)``: for each position t, the share of the names with a letter (or EOS) at t whose token
+    at t is the argmax of the logits. Positions past a name's EOS are not counted; a position that no name
+    of the batch reaches is NaN."""
+    if not isinstance(model, DigitSpeller):
+        raise TypeError(f"model must be a DigitSpeller, got {type(model).__name__}")
+    read = images if read is None else _check_images(read)
+    if read.shape != images.shape:
+        raise ValueError(f"read {shape_str(read)} must have the shape of images {shape_str(images)}")
+    model.eval()
+    v = SPELLING_VOCAB
+    tgt = spell(labels)  # (B, L)
+    logits = model.decode(v.shift_right(tgt), model.encode(read))  # (B, L, V)
+    counted = tgt != v.pad_id  # (B, L)
+    right = (logits.argmax(dim=-1) == tgt) & counted  # (B, L)
+    return right.sum(dim=0) / counted.sum(dim=0)  # (L,)
 
 
 # ----------------------------------------------------------------------------- training

@@ -1,5 +1,6 @@
 """Tests for attnbook.vision: patches, the ViT and its baseline, attention rollout and [CLS]'s attention over
-the patches, the digit speller, and training on images (fit_images).
+the patches, the baselines (a perceptron and a CNN of the same size), the digit speller and its per-letter
+accuracy, and training on images (fit_images).
 
 Dimension legend: B batch, H heads, T tokens, Th/Tw patch grid, E model dim, C classes, L name length.
 """
@@ -12,13 +13,16 @@ import torch
 from attnbook.vision import (
     DIGIT_NAMES,
     SPELLING_VOCAB,
+    CNNClassifier,
     DigitSpeller,
     MLPClassifier,
     VisionTransformer,
     accuracy,
     attention_rollout,
     cls_attention,
+    cnn_hidden_for,
     fit_images,
+    letter_accuracy,
     mlp_hidden_for,
     n_params,
     patch_grid,
@@ -107,6 +111,41 @@ def test_mlp_baseline_matches_parameter_count():
     assert mlp(images()).shape == (3, 10)
 
 
+@pytest.mark.parametrize("channels", [4, 16])
+def test_cnn_hidden_for_counts_the_parameters_exactly(channels):
+    for hidden in (1, 37, 124):
+        target = n_params(CNNClassifier(channels=channels, hidden=hidden))
+        assert cnn_hidden_for(target, channels=channels) == hidden
+    vit = VisionTransformer()
+    cnn = CNNClassifier(hidden=cnn_hidden_for(n_params(vit)))
+    assert abs(n_params(cnn) - n_params(vit)) / n_params(vit) < 0.01
+
+
+def test_cnn_shapes_and_bad_input():
+    torch.manual_seed(0)
+    cnn = CNNClassifier(hidden=32)
+    logits = cnn(images())
+    assert logits.shape == (3, 10)
+    assert cnn.loss(images(), torch.tensor([0, 1, 2])).item() > 0
+    assert CNNClassifier(image_size=12, channels=2, hidden=5)(images(side=12)).shape == (3, 10)
+    with pytest.raises(ValueError, match=r"images must be \(B, 8, 8\), got \(3, 4, 4\)"):
+        cnn(images(side=4))
+    with pytest.raises(ValueError, match="image_size=6 must be a multiple of 4"):
+        CNNClassifier(image_size=6)
+    with pytest.raises(TypeError, match="channels must be an int"):
+        CNNClassifier(channels=2.5)
+
+
+def test_cnn_sees_where_the_pixels_are():
+    """Unlike the ViT without positions, the CNN's answer depends on the arrangement: swapping the image's
+    quadrants (a permutation of the 2x2 patches that keeps each patch) changes its logits."""
+    torch.manual_seed(0)
+    cnn = CNNClassifier(hidden=32)
+    x = images()
+    swapped = torch.cat([x[:, 4:], x[:, :4]], dim=1)  # top and bottom halves exchanged
+    assert not torch.allclose(cnn(swapped), cnn(x), atol=1e-4)
+
+
 def test_rollout():
     torch.manual_seed(0)
     vit = VisionTransformer(num_layers=3)
@@ -170,6 +209,46 @@ def test_speller_shapes_and_generate():
     assert model.loss(x, torch.tensor([0, 1, 2])).item() > 0
 
 
+def test_letter_accuracy_scores_each_position_under_teacher_forcing():
+    """A scripted decoder: right where `right` says, wrong elsewhere (padding included, which must not count);
+    it checks that it is given the right letters (teacher forcing) and the patches of `read`."""
+    torch.manual_seed(0)
+    model = DigitSpeller()
+    x, y, other = images(B=3), torch.tensor([0, 1, 3]), images(B=3, seed=5)
+    tgt = spell(y)  # zero<eos><pad>, one<eos><pad><pad>, three<eos>
+    right = torch.tensor([[1, 1, 0, 1, 1, 0], [0, 1, 1, 1, 0, 0], [1, 1, 1, 0, 1, 1]], dtype=torch.bool)
+    V = len(SPELLING_VOCAB)
+
+    def scored(n):  # letter_accuracy of the first n names, the scripted decoder in place
+        def scripted(tgt_in, memory):
+            assert torch.equal(tgt_in, SPELLING_VOCAB.shift_right(tgt[:n]))
+            assert torch.equal(memory, model.encode(other[:n]))
+            predicted = torch.where(right[:n], tgt[:n], (tgt[:n] + 1) % V)  # (n, L)
+            return torch.nn.functional.one_hot(predicted, V).float()  # (n, L, V)
+
+        model.decode = scripted
+        return letter_accuracy(model, x[:n], y[:n], read=other[:n])
+
+    torch.testing.assert_close(scored(3), torch.tensor([2 / 3, 1.0, 2 / 3, 2 / 3, 1.0, 1.0]))
+    acc = scored(2)  # no name of these two has a sixth token: that position has nothing to count
+    assert torch.isnan(acc[5]) and acc[4].item() == 1.0
+
+
+def test_letter_accuracy_reads_its_own_images_by_default():
+    torch.manual_seed(0)
+    model = DigitSpeller()
+    x, y = images(B=5), torch.tensor([0, 4, 5, 6, 3])
+    torch.testing.assert_close(letter_accuracy(model, x, y), letter_accuracy(model, x, y, read=x))
+
+
+def test_letter_accuracy_bad_input():
+    model = DigitSpeller()
+    with pytest.raises(TypeError, match="model must be a DigitSpeller, got VisionTransformer"):
+        letter_accuracy(VisionTransformer(), images(), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match=r"read \(2, 8, 8\) must have the shape of images \(3, 8, 8\)"):
+        letter_accuracy(model, images(), torch.tensor([0, 1, 2]), read=images(B=2))
+
+
 def test_random_shift():
     x = torch.zeros(2, 5, 5)
     x[:, 2, 2] = 1.0
@@ -194,6 +273,9 @@ def test_training_learns_digits():
     mlp = MLPClassifier()
     fit_images(mlp, x_tr, y_tr, epochs=5)
     assert accuracy(mlp, x_te, y_te) > 0.8
+    cnn = CNNClassifier()
+    fit_images(cnn, x_tr, y_tr, epochs=5)
+    assert accuracy(cnn, x_te, y_te) > 0.8
     speller = DigitSpeller()
     fit_images(speller, x_tr, y_tr, epochs=5)
     assert accuracy(speller, x_te, y_te) > 0.3
