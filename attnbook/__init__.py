@@ -28,8 +28,9 @@ below, or a subpackage's ``__init__`` for the names it lists):
   attention alignment, and one input's every attention map), ``pretrained``
   (``pretrained.files``: finding and verifying all-MiniLM-L6-v2's files;
   ``pretrained.model``: the model rebuilt from attnbook's modules), ``vision``
-  (patches, a small Vision Transformer, attention rollout, a decoder that
-  spells a digit's name; scikit-learn's digits), ``recall`` (associative
+  (patches, a small Vision Transformer and its MLP and CNN baselines,
+  attention rollout, a decoder that spells a digit's name, the drawing
+  pad's soft pen; scikit-learn's digits), ``recall`` (associative
   recall: the task, a one-layer model with softmax, linear or delta-rule
   attention, and its accuracies over seeds);
 * around them: ``measure`` (timing, memory, cost curves, kernel dispatch,
