@@ -22,9 +22,9 @@ bug lights up the invariant that names it rather than all of them.
 
 Those lines run short sequences (at most nine keys), scores of order one and
 fresh, contiguous tensors. Four more take the checks where real models go:
-``long_keys`` (129, 200 and 257 keys, past and ragged against the tiles of a
-tiled kernel, values and gradients, and a module's cached decoding after 199
-tokens), ``large_logits`` (float32 with scores in the hundreds, where a softmax
+``long_keys`` (:data:`LONG_KEY_LENGTHS`, 129, 200 and 257 keys, past and ragged
+against the tiles of a tiled kernel, :data:`TILE_SIZES`; values and gradients,
+and a module's cached decoding after 199 tokens), ``large_logits`` (float32 with scores in the hundreds, where a softmax
 without the row maximum overflows), ``layout`` (non-contiguous views: q, k, v
 transposed from ``(B, T, H, D)`` or sliced from one fused projection, against
 their contiguous copies) and ``value_dim`` (values of another width, Dv != D).
@@ -74,7 +74,12 @@ from .kvcache import KVCache
 from .positional import alibi_slopes, apply_rotary
 
 __all__ = ["check_attention", "AttentionReport", "InvariantResult", "INVARIANTS", "CONVENTIONS", "MASK_CONVENTIONS",
-           "tolerance"]
+           "LONG_KEY_LENGTHS", "TILE_SIZES", "tolerance"]
+
+# the key lengths of the long-inputs line, and the tile sizes they are chosen against: each length is longer
+# than a tile of every size and a multiple of none, so a tiled kernel meets several tiles and a partial last one
+LONG_KEY_LENGTHS = (129, 200, 257)
+TILE_SIZES = (16, 64, 128)
 
 # (name, the line's title), in the order they are checked and printed
 INVARIANTS = (
@@ -91,7 +96,7 @@ INVARIANTS = (
     ("cross_attention", "cross-attention with S != T"),
     ("kv_cache", "cached decoding equals full decoding"),
     ("deterministic", "deterministic (no dropout at evaluation)"),
-    ("long_keys", "long inputs: 129, 200 and 257 keys"),
+    ("long_keys", f"long inputs: {LONG_KEY_LENGTHS[0]}, {LONG_KEY_LENGTHS[1]} and {LONG_KEY_LENGTHS[2]} keys"),
     ("large_logits", "float32 with scores in the hundreds"),
     ("layout", "inputs that are views of another layout"),
     ("value_dim", "values of another width, Dv != D"),
@@ -1186,13 +1191,13 @@ def _check_alibi(c: _Checker) -> _Outcome:
 
 # -- beyond the short, order-one, contiguous inputs of the lines above --------------------------------------
 
+_S_SHORT, _S_MID, _S_LONG = LONG_KEY_LENGTHS  # 129, 200, 257: ragged against TILE_SIZES (16, 64, 128)
 # (B, Hkv, T, S, D, with a padding mask): one query over 257 keys (decoding), 3 queries over 200 keys, and
-# self-attention over 129 keys with a head dim of 80; 129, 200 and 257 are ragged against tiles of 16, 64
-# and 128 keys, so a tiled kernel meets several tiles and a partial last one
-_LONG_SHAPES = ((1, 2, 1, 257, 8, False), (2, 1, 3, 200, 16, True), (1, 1, 129, 129, 80, False))
+# self-attention over 129 keys with a head dim of 80
+_LONG_SHAPES = ((1, 2, 1, _S_LONG, 8, False), (2, 1, 3, _S_MID, 16, True), (1, 1, _S_SHORT, _S_SHORT, 80, False))
 # a module's (B, T, with a padding mask) for self-attention, and the length of the cached-decoding case
-_LONG_MODULE = ((1, 257, False), (2, 129, True))
-_LONG_CACHED = 200
+_LONG_MODULE = ((1, _S_LONG, False), (2, _S_SHORT, True))
+_LONG_CACHED = _S_MID
 # (B, Hkv, T, S, D, Dv, with a mask): values narrower and wider than the queries and keys
 _VALUE_SHAPES = ((2, 2, 5, 5, 8, 3, True), (1, 1, 4, 7, 6, 12, False))
 # the large-logits line: each query row's scores are shifted by an offset drawn from [-LARGE, LARGE] and spread
@@ -1268,8 +1273,9 @@ def _cached_against_full(c: _Checker, x: torch.Tensor, prefill: int) -> float:
 
 
 def _check_long_keys(c: _Checker) -> _Outcome:
-    """The first line's comparison (values and gradients) on 129 to 257 keys: past the tiles of a tiled kernel
-    (16, 64, 128 keys) and ragged against them, where a forgotten rescale or a window left on shows."""
+    """The first line's comparison (values and gradients) on :data:`LONG_KEY_LENGTHS` keys: past the tiles of a
+    tiled kernel (:data:`TILE_SIZES`) and ragged against them, where a forgotten rescale or a window left on
+    shows."""
     if (wait := _needs_first_line(c)) is not None:
         return wait
     tol = c.tol

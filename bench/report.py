@@ -24,6 +24,12 @@ What it does, in order:
    and, when present, ``bench/results/tasks.json`` (``bench/bench_tasks.py``);
 4. writes ``benchmarks.md`` (top level, part of the book) and
    ``images/bench/time_vs_T.png`` and ``images/bench/memory_vs_T.png``.
+
+The time table's slopes and steps are read against each case's own arithmetic: :func:`counted_multiply_adds`
+counts one head's multiply-adds at every T, the table shows the slope of that count next to the fitted one,
+and a step from one T to the next whose time grew more than :data:`STEP_TOLERANCE` times what the count
+predicts for it (or fell) is listed under the table (:func:`step_anomalies`). ``--render-only`` redoes all of
+this from the stored results without measuring anything.
 """
 
 from __future__ import annotations
@@ -45,7 +51,13 @@ import bench_mha as bm  # noqa: E402
 import common  # noqa: E402
 from common import RESULTS, ROOT  # noqa: E402
 
-from attnbook.efficient import FLASH_BLOCK, FLASH_QUERY_BLOCK  # noqa: E402
+from attnbook.efficient import (  # noqa: E402
+    FLASH_BLOCK,
+    FLASH_QUERY_BLOCK,
+    NUM_FEATURES,
+    bigbird_block_pattern,
+    lsh_n_buckets,
+)
 
 PAGE = ROOT / "benchmarks.md"
 IMAGES = ROOT / "images" / "bench"
@@ -66,6 +78,62 @@ STYLE = {  # case -> (label, color, line style)
 }
 # the scripts report.py runs before its sweep, each a separate run: results name -> its main(argv)
 SEPARATE: dict[str, Callable[[list[str] | None], int]] = {"flash": bf.main, "mha": bm.main, "latent": bl.main}
+# a step from one T to the next is listed when its time grew more than this many times what the case's
+# multiply-add count predicts for that step (or when the time fell)
+STEP_TOLERANCE = 1.5
+LINEAR_CAUSAL_CHUNK = 128  # linear_attention's chunk of positions when causal (its default)
+
+
+def counted_multiply_adds(case: str, T: int) -> int:
+    """Multiply-adds of one head of ``case`` (a key of ``bench_efficient.CASES``) at length T, with the sweep's
+    settings (D = 32; window, block and chunk 64; flash tiles of FLASH_QUERY_BLOCK x FLASH_BLOCK; Performer with
+    NUM_FEATURES features; LSH with T/64 buckets): what its time would grow like if arithmetic were all it
+    cost. Elementwise work (softmax, feature maps) and LSH's sort are not counted."""
+    variant, causal, window = be.CASES[case]
+    D, W = be.D, window
+    if variant in ("exact", "pytorch"):  # Q K^T and P V over all pairs, or the lower triangle when causal
+        return T * (T + 1) * D if causal else 2 * T * T * D
+    if variant == "flash":  # whole tiles: a causal query block skips the key blocks that start after it
+        bk = W
+        bq = max(bk, min(-(-FLASH_QUERY_BLOCK // bk) * bk, -(-T // bk) * bk))
+        pairs = sum((min(a + bq, T) - a) * (min(T, -(-min(a + bq, T) // bk) * bk) if causal else T)
+                    for a in range(0, T, bq))
+        return 2 * pairs * D
+    if variant == "sliding window":  # query blocks of b, each against a band of b + 2W keys (b + W when causal)
+        b = min(max(W, 32), T)
+        return 2 * (-(-T // b) * b) * (b + W + (0 if causal else W)) * D
+    if variant == "linear":  # phi(K)^T [V | 1] and phi(Q) [S | z]; causal adds a (chunk, chunk) triangle per chunk
+        chunks = [min(LINEAR_CAUSAL_CHUNK, T - a) for a in range(0, T, LINEAR_CAUSAL_CHUNK)] if causal else []
+        return 2 * T * D * (D + 1) + sum(c * c * (2 * D + 1) for c in chunks)
+    if variant == "performer":  # the features of q and k, then linear attention over NUM_FEATURES of them
+        return 2 * T * D * NUM_FEATURES + 2 * T * NUM_FEATURES * (D + 1)
+    if variant == "block sparse":  # one global query block over all keys, every other block over its key blocks
+        nb = -(-T // W)
+        kb = int(bigbird_block_pattern(nb, 1, 1, 1, 0)[1:].sum(dim=-1).max()) if nb > 1 else 0
+        return 2 * W * T * D + 2 * (nb - 1) * W * kb * W * D
+    if variant == "LSH":  # hashing (a (D, n_buckets / 2) rotation), then chunks of W against 2W keys
+        return T * D * (lsh_n_buckets(T, W) // 2) + 4 * T * W * D
+    raise ValueError(f"no count for case {case!r} (variant {variant!r})")
+
+
+def counted_slopes(names: Sequence[str], t_values: Sequence[int]) -> dict[str, float]:
+    """The log-log slope of each case's multiply-add count over ``t_values``: the slope its time would have."""
+    return {n: be.loglog_slope(t_values, [counted_multiply_adds(n, T) for T in t_values]) for n in names}
+
+
+def step_anomalies(times: dict[str, dict[int, float]]) -> list[str]:
+    """Steps a reader should not take at face value: from one measured T to the next, the time grew more than
+    STEP_TOLERANCE times what the case's own multiply-add count predicts for that step, or it fell."""
+    notes = []
+    for name, series in times.items():
+        ts = sorted(series)
+        for a, b in zip(ts, ts[1:]):
+            measured = series[b] / series[a]
+            counted = counted_multiply_adds(name, b) / counted_multiply_adds(name, a)
+            if measured > STEP_TOLERANCE * counted or measured < 1:
+                notes.append(f"{STYLE[name][0]}: T = {a} -> {b} took {measured:.1f}x the time, its count "
+                             f"{counted:.2f}x")
+    return notes
 
 
 def plot(data: dict, t_values: list[int]) -> list[str]:
@@ -160,7 +228,7 @@ def render(eff: dict, data: dict, t_values: list[int], images: list[str], explor
             f"and {meta['load_end']:.2f} at its end, on {meta['cpus']} CPU(s)): other programs competed for the CPU "
             "and stretched some rounds more than others, more than a median of interleaved rounds can absorb. "
             "The memory numbers are unaffected (tracked memory is deterministic); the times, slopes and "
-            "crossovers carry this noise, and the anomalies listed under the time table are its visible part."
+            "crossovers carry this noise, and the steps listed under the time table are its visible part."
         )
         L.append("")
     ratios = list(eff["ratios"])  # every goal stated as a ratio: {"ratio", "measured", "goal", "pass"}
@@ -242,19 +310,27 @@ def render(eff: dict, data: dict, t_values: list[int], images: list[str], explor
         L += [f"![{Path(img).stem.replace('_', ' ')}]({img})", ""]
     names = [n for n in STYLE if n in data["times"]]
     fitted = be.slopes(data["times"], slope_t)
-    L += [f"Median time (ms), and the fitted slope over {span} (goal: at most {be.SLOPE_GOAL} for the linear-cost "
-          "variants; the others have none):", ""]
+    counted = counted_slopes(names, slope_t)
+    L += [f"Median time (ms), the fitted slope over {span}, and the slope the case's multiply-add count has over "
+          f"the same lengths (\"counted\", `counted_multiply_adds` in `bench/report.py`; goal: a fitted slope of at "
+          f"most {be.SLOPE_GOAL} for the linear-cost variants; the others have none):", ""]
     rows = []
     for n in names:
         goal = "-" if n not in be.LINEAR_COST else ("PASS" if fitted[n] <= be.SLOPE_GOAL else "MISS")
-        rows.append([STYLE[n][0]] + [_fmt_ms(data["times"][n][T]) for T in t_values] + [f"{fitted[n]:.2f}", goal])
-    L += _table(["case"] + [f"T={T}" for T in t_values] + ["slope", "goal"], rows)
-    notes = be.anomalies({n: data["times"][n] for n in names})
-    L += ["**Anomalies in the time table** (a doubling step whose time grew faster than T^"
-          f"{be.ANOMALY_SLOPE}, more than any case's arithmetic explains, or fell): "
-          + ("; ".join(notes) + ". These are measurements of this machine at that moment (caches, load), not "
-             "properties of the algorithms; the fitted slopes above use every point anyway."
-             if notes else "none in this run."), ""]
+        rows.append([STYLE[n][0]] + [_fmt_ms(data["times"][n][T]) for T in t_values]
+                    + [f"{fitted[n]:.2f}", f"{counted[n]:.2f}", goal])
+    L += _table(["case"] + [f"T={T}" for T in t_values] + ["slope", "counted", "goal"], rows)
+    notes = step_anomalies({n: data["times"][n] for n in names})
+    L += ["**Steps against the count.** Each step of the time table, from one T to the next, is compared with "
+          "what the case's own multiply-add count predicts for that step (4x per doubling for the quadratic "
+          "cases, about 2x for the linear ones); a step is listed when its time grew more than "
+          f"{STEP_TOLERANCE:g} times that, or fell: "
+          + ("; ".join(notes) + ". These are measurements of this machine at that moment (a working set "
+             "outgrowing the CPU's caches, a kernel switching code path at some size, other programs taking the "
+             "CPU), not properties of the algorithms; the fitted slopes above use every point anyway."
+             if notes else "none in this run.")
+          + " Steps that grew less than the count are common at small T, where a fixed cost per call weighs more, "
+            "and are not listed.", ""]
     over = [STYLE[n][0] for n in be.LINEAR_COST if n in fitted and fitted[n] > be.SLOPE_GOAL]
     L += ["Why slopes differ from the arithmetic: LSH with T/64 buckets is not linear as configured: hashing "
           "multiplies every vector by a (D, T/128) rotation, T² D / 128 multiply-adds, and it sorts the positions, "
