@@ -10,9 +10,11 @@ Two kinds of test:
 * static (always run): every version-dependent call in appendix A2 sits under its feature check, and the
   feature check accepts the pinned version (so the stored outputs hold every comparison);
 * live (``python3 tools/dev.py transformers-legs``, or the full ``test`` command): with an older
-  ``transformers`` shadowing the pinned one (``ATTNBOOK_EXPECT_TRANSFORMERS`` names it), A2 and chapter 10 are
-  executed top to bottom and must finish without an error or a traceback on stderr. Their outputs are not
-  compared: where a comparison is skipped they differ by design.
+  ``transformers`` shadowing the pinned one (``ATTNBOOK_EXPECT_TRANSFORMERS`` names it), chapters A2, 10, 12
+  and 13 are executed top to bottom and must finish without an error and without a line on stderr. The 4.57
+  leg is Colab's versions (``ATTNBOOK_EXPECT_COLAB``): ipywidgets 7.7.1 and ``google.colab`` imported as well.
+  Their outputs are not compared: where a comparison is skipped they differ by design; a skipped comparison
+  says in one line which feature the installed version lacks.
 """
 
 from __future__ import annotations
@@ -27,7 +29,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 A2 = ROOT / "chapters" / "A2_conventions.ipynb"
-CHAPTERS = [A2, ROOT / "chapters" / "10_real_model.ipynb"]
+CHAPTERS = [A2, *(ROOT / "chapters" / f"{name}.ipynb" for name in
+                   ("10_real_model", "12_todays_models", "13_serving_and_memory"))]
+EXPECT_COLAB = os.environ.get("ATTNBOOK_EXPECT_COLAB") == "1"
+# printed by a cell the test puts first: what the kernel really imported
+PROBE = ("import sys, ipywidgets, transformers\n"
+         "print('versions:', transformers.__version__, ipywidgets.__version__, 'google.colab' in sys.modules)")
 EXPECTED = os.environ.get("ATTNBOOK_EXPECT_TRANSFORMERS", "")
 SKIP_LINE = "create_causal_mask lacks 5.24's arguments"
 
@@ -106,13 +113,19 @@ def test_chapter_runs_under_this_transformers(notebook: Path):
     nbclient = pytest.importorskip("nbclient")
 
     nb = nbformat.read(notebook, as_version=4)
+    nb.cells.insert(0, nbformat.v4.new_code_cell(PROBE))
     client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=600,
                                      resources={"metadata": {"path": str(notebook.parent)}})
     client.execute()  # raises CellExecutionError on the first cell that fails
+    probe = "".join(out.get("text", "") for out in nb.cells[0].outputs)
+    colab = f"{'7.7.1' if EXPECT_COLAB else ''}"
+    assert probe.startswith(f"versions: {EXPECTED} {colab}"), probe
+    assert probe.strip().endswith(str(EXPECT_COLAB)), probe
     stderr = ["".join(out.get("text", "")) for cell in nb.cells if cell.cell_type == "code"
               for out in cell.get("outputs", []) if out.get("output_type") == "stream" and out.get("name") == "stderr"]
-    assert not [text for text in stderr if "Traceback" in text or "Error" in text], stderr
+    assert stderr == [], stderr  # not a warning, not a library's note: a learner sees every line of it
     text = json.dumps([cell.get("outputs", []) for cell in nb.cells])
+    assert "(TypeError)" not in text and "(AttributeError)" not in text, "a comparison skipped on an exception"
     if notebook == A2:
         assert f"transformers {EXPECTED}" in text  # the kernel imported the side folder's version
         assert text.count(SKIP_LINE) <= 1  # at most ONE line says what is skipped

@@ -6,10 +6,10 @@
     python3 tools/dev.py test                  # install what is needed, run every check (what CI runs)
     python3 tools/dev.py test --fast           # ruff, mypy and the unit tests, without the slow and browser ones
     python3 tools/dev.py test -- -k masks      # everything after -- goes to pytest
-    python3 tools/dev.py transformers-legs     # A2 and chapter 10 executed under older transformers (4.57, 5.23)
+    python3 tools/dev.py transformers-legs     # chapters A2, 10, 12, 13 under older transformers (4.57, 5.23)
     python3 tools/dev.py nbval [--perturb P] [chapters ...]
                                                # nbval strict over chapters, in the normal numerical environment
-                                               # or a perturbed one (P: mkl, aten, threads, combined, all)
+                                               # or a perturbed one (P: mkl, aten, threads, avx2, combined, all)
 
 Both create (or reuse) a virtual environment in .venv and install requirements.txt into it; a stamp file
 skips the install while requirements.txt and pyproject.toml are unchanged. Needs Python >= 3.10 with pip and
@@ -50,10 +50,13 @@ PERTURBATIONS = {
     "aten": {"ATEN_CPU_CAPABILITY": "default"},
     # passive waiting: two workers of two threads each share two cores without OpenMP spinning against itself
     "threads": {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"},
+    # a 4-thread laptop with AVX2 and no AVX-512: other vector kernels, other BLAS paths, another thread split
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "OMP_NUM_THREADS": "4", "OMP_WAIT_POLICY": "PASSIVE"},
 }
-# The test command runs one leg with all three at once (a machine that differs in every way), which keeps it
-# well under 15 minutes on two cores; `nbval --perturb all` runs the three separately.
-COMBINED = {k: v for env in PERTURBATIONS.values() for k, v in env.items()}
+# The test command runs two perturbed legs: one with the first three at once (a machine that differs in every
+# way), and the AVX2 laptop, whose settings conflict with the first; `nbval --perturb all` runs the four one by one.
+COMBINED = {k: v for name in ("mkl", "aten", "threads") for k, v in PERTURBATIONS[name].items()}
+PERTURBED_LEGS = ["combined", "avx2"]
 NBVAL = ["--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/sanitize.cfg", "--nbval-cell-timeout=600"]
 
 
@@ -114,18 +117,38 @@ def ensure_old_transformers(version: str) -> Path | None:
     return folder
 
 
+COLAB_STUB = ROOT / ".venv-colab-stub"
+# The chapters that call transformers, run top to bottom under each older version (tests/test_hf_versions.py).
+LEG_CHAPTERS = "A2, 10, 12 and 13"
+
+
+def ensure_colab_stub() -> Path:
+    """A folder that makes a kernel look like Colab's: an empty `google.colab` module, imported at start-up by a
+    sitecustomize (Colab imports it before any cell runs; the explorers check `"google.colab" in sys.modules`)."""
+    (COLAB_STUB / "google" / "colab").mkdir(parents=True, exist_ok=True)
+    (COLAB_STUB / "google" / "colab" / "__init__.py").write_text('"""Stands in for Colab\'s module (tests only)."""\n')
+    (COLAB_STUB / "sitecustomize.py").write_text("import google.colab  # noqa: F401  (what Colab has imported)\n")
+    return COLAB_STUB
+
+
 def old_transformers_legs(env: dict) -> None:
-    """A2 and chapter 10 executed top to bottom under each older transformers (tests/test_hf_versions.py)."""
+    """Chapters A2, 10, 12 and 13 executed top to bottom under each older transformers (tests/test_hf_versions.py).
+    The 4.57 leg is Colab's versions: transformers 4.57, ipywidgets 7.7.1 and `google.colab` imported."""
     for version in OLD_TRANSFORMERS:
         folder = ensure_old_transformers(version)
         if folder is None:
             continue
         started = time.perf_counter()
-        print(f"\n== A2 and chapter 10 under transformers {version}", flush=True)
+        colab = version.startswith("4.")
+        w7 = ensure_ipywidgets7() if colab else None
+        shadows = [str(folder)] + ([str(w7), str(ensure_colab_stub())] if w7 is not None else [])
+        print(f"\n== chapters {LEG_CHAPTERS} under transformers {version}"
+              + (" (Colab's versions: ipywidgets 7.7.1, google.colab imported)" if w7 is not None else ""), flush=True)
         env_old = {**env, "ATTNBOOK_EXPECT_TRANSFORMERS": version,
-                   "PYTHONPATH": os.pathsep.join([str(folder), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+                   **({"ATTNBOOK_EXPECT_COLAB": "1"} if w7 is not None else {}),
+                   "PYTHONPATH": os.pathsep.join([*shadows, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
         run(PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_hf_versions.py", "-k",
-            "runs_under_this_transformers", "-rs", env=env_old)
+            "runs_under_this_transformers", "-rs", "-n", "2", env=env_old)
         print(f"transformers {version}: {time.perf_counter() - started:.0f} s")
 
 
@@ -233,7 +256,7 @@ def test(args) -> None:
     # 5. nbval strict again under perturbed numerics (another BLAS path, no vector kernels, two threads):
     #    what another CPU would print. --each-perturbation runs the three one by one (slower).
     if not passthrough:
-        for leg in (PERTURBATIONS if args.each_perturbation else ["combined"]):
+        for leg in (PERTURBATIONS if args.each_perturbation else PERTURBED_LEGS):
             nbval_leg(leg, _chapters())
     print(f"\nall checks passed in {time.perf_counter() - started:.0f} s")
 
@@ -247,14 +270,14 @@ def main(argv: list[str] | None = None) -> None:
     t = sub.add_parser("test", help="every check (what CI runs)")
     t.add_argument("--fast", action="store_true", help="ruff, mypy and the unit tests without slow and browser tests")
     t.add_argument("--each-perturbation", action="store_true",
-                   help="run the perturbed nbval leg once per perturbation instead of once combined")
+                   help="run the perturbed nbval legs once per perturbation instead of combined and avx2")
     t.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: passed to pytest")
     t.set_defaults(func=test)
-    sub.add_parser("transformers-legs", help="A2 and chapter 10 executed under older transformers").set_defaults(
+    sub.add_parser("transformers-legs", help="chapters A2, 10, 12 and 13 executed under older transformers").set_defaults(
         func=transformers_legs)
     n = sub.add_parser("nbval", help="nbval strict over chapters, optionally perturbed")
     n.add_argument("--perturb", choices=[*PERTURBATIONS, "combined", "all"],
-                   help="which perturbed environment (all: each of the three in turn; combined: all at once)")
+                   help="which perturbed environment (all: each of the four in turn; combined: mkl, aten and threads at once)")
     n.add_argument("chapters", nargs="*", help="chapters/NN_topic.ipynb (default: all)")
     n.set_defaults(func=nbval)
     args = ap.parse_args(argv)

@@ -3,6 +3,11 @@
 In Colab, or anywhere ``attnbook`` is not importable, it installs the package
 from the repository declared once in ``_config.yml`` (``repository: url``).
 Where attnbook is already installed (this repository's venv) it does nothing.
+
+When the install fails (no network, a moved repository, a pip error) the cell prints nothing of pip's output
+but its last error line, then stops the notebook with one line saying what failed, the URL it tried and the
+command to run by hand: IPython shows that line alone (the exception's ``_render_traceback_``), and a
+"Run all" stops at this cell, before the first ``import attnbook``.
 """
 
 import sys
@@ -27,8 +32,17 @@ def setup_source(url: str | None = None) -> str:
         "import sys\n"
         "\n"
         'if importlib.util.find_spec("attnbook") is None:\n'
-        '    subprocess.run([sys.executable, "-m", "pip", "install", "-q",\n'
-        f'                    "attnbook @ git+{url}"], check=True)'
+        f'    _spec = "attnbook @ git+{url}"\n'
+        '    _pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", _spec],\n'
+        "                          capture_output=True, text=True)\n"
+        "    if _pip.returncode != 0:\n"
+        "        class SetupFailed(RuntimeError):\n"
+        "            def _render_traceback_(self):  # IPython shows this one line, not a traceback\n"
+        '                return [f"SetupFailed: {self}"]\n'
+        '        _why = ([line for line in _pip.stderr.splitlines() if line.strip()] or ["no message"])[-1]\n'
+        "        raise SetupFailed(\n"
+        f'            f"attnbook could not be installed from {url} (pip: {{_why.strip()[:300]}}). "\n'
+        "            f\"Check the network and the address, then run this cell again, or in a cell: !pip install '{_spec}'\")"
     )
 
 
