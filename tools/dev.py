@@ -254,7 +254,7 @@ def test(args) -> None:
     run(PY, "-m", "pytest", "tests", "chapters", *NBVAL, "-n", "2", "--dist", "loadfile", "-rs", *passthrough,
         env=env)
     # 5. nbval strict again under perturbed numerics (another BLAS path, no vector kernels, two threads):
-    #    what another CPU would print. --each-perturbation runs the three one by one (slower).
+    #    what another CPU would print. --each-perturbation runs the four one by one (slower).
     if not passthrough:
         for leg in (PERTURBATIONS if args.each_perturbation else PERTURBED_LEGS):
             nbval_leg(leg, _chapters())
