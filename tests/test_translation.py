@@ -414,10 +414,21 @@ def test_the_listed_tutorial_passages_are_in_the_tutorial(language):
     assert not missing, f"tutorial_quotes that the source tutorial does not contain: {missing}"
 
 
+# a product written with the letter: "8x8", "6 x 12 个", "）x 层数"; not a label such as "x1.0" (a printed row)
+TIMES = re.compile(r"\d\s?x\s?\d|[\d\u4e00-\u9fff）]\s?x\s[\d\u4e00-\u9fff（]")
+
+
 @pytest.mark.parametrize(("language", "domain"), CATALOGS, ids=[f"{lang}:{d}" for lang, d in CATALOGS])
 def test_multiplication_is_written_with_the_times_sign(language, domain):
     """In translated prose a product of sizes is 8×8, not 8x8 (code and math keep theirs)."""
-    times = re.compile(r"\d\s?x\s?\d|\d x [\u4e00-\u9fff]|[\u4e00-\u9fff] x \d")
     problems = [f"{found.group(0)!r} in {m.string[:80]!r}" for m in messages(language, domain)
-                if m.string and m.string != m.id and (found := times.search(prose(m.string)))]
+                if m.string and m.string != m.id and (found := TIMES.search(prose(m.string)))]
     assert not problems, f"{domain}: write × for a product:\n  " + "\n  ".join(problems)
+
+
+def test_the_times_check_sees_prose_only():
+    assert mismatches("8x8 pixels", "8×8 像素") == [] and not TIMES.search(prose("8×8 像素"))
+    for wrong in ("8x8 像素", "6 x 12 个头", "2（键和值）x 层数 x 头维度"):
+        assert TIMES.search(prose(wrong)), wrong
+    for right in ("`x = 2 * 3` 与 $2 x 3$", "softmax（x1.0 情形）", "FlexAttention 的 4 个"):
+        assert not TIMES.search(prose(right)), right
