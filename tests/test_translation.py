@@ -8,7 +8,11 @@
 * **consistent**: each glossary entry's translated term (the bold start of its translated definition,
   ``**中文术语** · ...``) is what the pages the entry links to use wherever their English uses the term, and a
   competing form that the glossary records (the source tutorial's word where the edition corrects it) is used
-  nowhere except between quotation marks.
+  nowhere except between quotation marks;
+* **one term, one rendering** (``locales/<language>/terms.yml``): wherever a message's English uses a listed term,
+  its translation uses the chosen rendering and none of the rejected variants (exceptions listed with a reason);
+  a message repeated in several catalogs has one translation; a quotation of the source tutorial is its words;
+  a product is written with ×.
 
 The translated book itself is built with ``-W`` by the test command (``tools/dev.py test`` builds both editions
 strictly), and ``tests/test_browser.py`` opens every translated page.
@@ -405,13 +409,19 @@ def test_quotations_of_the_source_tutorial_are_its_words(language):
 
 
 @pytest.mark.parametrize("language", TERM_LANGUAGES)
-def test_the_listed_tutorial_passages_are_in_the_tutorial(language):
+def test_the_listed_tutorial_passages_and_the_glossarys_tutorial_terms_are_in_the_tutorial(language):
     source = os.environ.get("ATTNBOOK_SOURCE_TUTORIAL")
     if not source or not Path(source).is_file():
-        pytest.skip("set ATTNBOOK_SOURCE_TUTORIAL to the source tutorial's text to check terms.yml's tutorial_quotes")
+        pytest.skip("set ATTNBOOK_SOURCE_TUTORIAL to the source tutorial's text to check terms.yml's tutorial_quotes and "
+                    "glossary.md's bold terms against it")
     text = _plain(Path(source).read_text(encoding="utf-8"))
     missing = [q for q in term_list(language)["tutorial_quotes"] if _plain(q) not in text]
     assert not missing, f"tutorial_quotes that the source tutorial does not contain: {missing}"
+    # glossary.md says its bold Chinese terms are the tutorial's own words
+    not_its_words = [f"{e['headword']}: {e['source']}" for e in glossary_entries(language)
+                     if e["source"] and _plain(e["source"]) not in text]
+    assert not not_its_words, ("glossary.md's bold Chinese terms that the source tutorial does not use (write — "
+                               f"instead): {not_its_words}")
 
 
 # a product written with the letter: "8x8", "6 x 12 个", "）x 层数"; not a label such as "x1.0" (a printed row)
