@@ -8,7 +8,11 @@
 * **consistent**: each glossary entry's translated term (the bold start of its translated definition,
   ``**中文术语** · ...``) is what the pages the entry links to use wherever their English uses the term, and a
   competing form that the glossary records (the source tutorial's word where the edition corrects it) is used
-  nowhere except between quotation marks.
+  nowhere except between quotation marks;
+* **one term, one rendering** (``locales/<language>/terms.yml``): wherever a message's English uses a listed term,
+  its translation uses the chosen rendering and none of the rejected variants (exceptions listed with a reason);
+  a message repeated in several catalogs has one translation; a quotation of the source tutorial is its words;
+  a product is written with ×.
 
 The translated book itself is built with ``-W`` by the test command (``tools/dev.py test`` builds both editions
 strictly), and ``tests/test_browser.py`` opens every translated page.
@@ -16,6 +20,7 @@ strictly), and ``tests/test_browser.py`` opens every translated page.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -23,6 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 from babel.messages.catalog import Message
 from babel.messages.pofile import read_po
 
@@ -149,8 +155,9 @@ def test_the_faithfulness_check_finds_what_a_translation_dropped():
 
 @pytest.mark.parametrize(("language", "domain"), CATALOGS, ids=[f"{lang}:{d}" for lang, d in CATALOGS])
 def test_translations_keep_code_math_links_and_numbers(language, domain):
+    quotes = term_list(language)["tutorial_quotes"] if language in TERM_LANGUAGES else []
     problems = [f"{m.id[:70]!r}\n      " + "; ".join(found) for m in messages(language, domain)
-                if m.string and (found := mismatches(m.id, m.string))]
+                if m.string and (found := mismatches(*without_tutorial_quotes(m.id, m.string, quotes)))]
     assert not problems, (f"{catalog_path(language, domain).relative_to(ROOT)}: {len(problems)} translation(s) "
                           "changed what must stay as it is:\n    " + "\n    ".join(problems[:10]))
 
@@ -261,3 +268,177 @@ def test_the_consistency_checks_see_a_term_in_english_prose_only():
     assert _parts("分组查询注意力（GQA）/ 多查询注意力（MQA）") == ["分组查询注意力（GQA）", "多查询注意力（MQA）"]
     assert _forms("分组查询注意力（GQA）") == ["分组查询注意力", "GQA"] and _parts("局部/全局注意力") == ["局部", "全局注意力"]
     assert _squash(QUOTED.sub("", "说成“排列不变”是错的")) == "说成是错的"
+
+
+# ------------------------------------------------------------------------------------------ the term list
+# locales/<language>/terms.yml: one rendering per term, one translation per repeated message, and the source
+# tutorial's own words wherever a translation quotes it (the file's header says what each part means).
+
+def term_list(language: str) -> dict:
+    path = locales() / language / "terms.yml"
+    with path.open(encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+TERM_LANGUAGES = [language for language in LANGUAGES if (locales() / language / "terms.yml").is_file()]
+
+
+def _plain(text: str) -> str:
+    """For comparing a quotation with the tutorial: no white space, quotation marks or math delimiters."""
+    return re.sub(r"[\s“”‘’\"'「」$]", "", text)
+
+
+def _quotations(translated: str) -> list[str]:
+    """The outermost “…” quotations of a translation (a quotation may hold ‘…’ or a nested “…”)."""
+    return re.findall(r"“((?:[^“”]|“[^”]*”)*)”", translated)
+
+
+def tutorial_quoted(translated: str, quotes: list[str]) -> list[str]:
+    """The quotations of ``translated`` that are the source tutorial's words (part of a listed passage)."""
+    passages = [_plain(q) for q in quotes]
+    return [q for q in _quotations(translated) if _plain(q) and any(_plain(q) in p for p in passages)]
+
+
+def without_tutorial_quotes(english: str, translated: str, quotes: list[str]) -> tuple[str, str]:
+    """Where a translation quotes the tutorial in its own words, the English quotation it renders may hold code or
+    math the tutorial wrote as plain text (`$QK^\\top$` for its QK^T): both quotations leave the comparison."""
+    cited = tutorial_quoted(translated, quotes)
+    if not cited:
+        return english, translated
+    for q in cited:
+        translated = translated.replace(f"“{q}”", " ")
+    return re.sub(r'"[^"]*"', " ", english), translated
+
+
+def term_problems(term: dict, english: str, translated: str) -> list[str]:
+    """What ``translated`` does wrong with ``term`` (an entry of terms.yml) where ``english`` uses it."""
+    english_prose = prose(english)
+    if not re.search(term["en"], english_prose, re.I):
+        return []
+    text = prose(translated)
+    problems = []
+    if not any(_squash(zh) in _squash(text) for zh in term["zh"]):
+        problems.append(f"uses none of {term['zh']}")
+    if not (term.get("unless") and re.search(term["unless"], english_prose, re.I)):
+        unquoted = QUOTED.sub(" ", text)
+        problems += [f"uses rejected {found.group(0)!r}" for pattern in term.get("not", [])
+                     if (found := re.search(pattern, unquoted))]
+    return problems
+
+
+def test_the_term_checks_find_a_wrong_rendering():
+    sink = {"en": r"\bsinks?\b", "zh": ["汇点"], "not": ["汇聚"]}
+    assert term_problems(sink, "The first token is a sink.", "第一个词元是一个汇点。") == []
+    assert term_problems(sink, "The first token is a sink.", "第一个词元是一个注意力汇聚。") == [
+        "uses none of ['汇点']", "uses rejected '汇聚'"]
+    assert term_problems(sink, "Pool over `sinks`.", "对 `sinks` 做汇聚。") == []  # code is not prose
+    assert term_problems(sink, "No sink.", "不是“汇聚”，是汇点。") == []  # a quotation may cite another word
+    block = {"en": r"\bblocks?\b", "zh": ["块"], "not": ["分块"], "unless": r"\btiles?\b"}
+    assert term_problems(block, "one block", "一个分块") == ["uses rejected '分块'"]
+    assert term_problems(block, "a block of tiles", "一块分块") == []
+    quotes = ["其核心思想是将QK^T的计算顺序改为(Q * K^T)"]
+    english = 'It says "changing the order of $QK^\\top$ to $(Q \\cdot K^\\top)$".'
+    assert mismatches(*without_tutorial_quotes(english, "它说“将QK^T的计算顺序改为(Q * K^T)”。", quotes)) == []
+    assert mismatches(*without_tutorial_quotes(english, "它说“把 QK^T 换个顺序”。", quotes)) != []
+    assert tutorial_quoted("原教程说“某些模式可能让位置 $i$ 关注位置 $i/2$”", ["某些模式可能让位置i关注位置 i/2, i, 2i 等"])
+
+
+@pytest.mark.parametrize("language", TERM_LANGUAGES)
+def test_the_term_list_is_well_formed_and_its_exceptions_are_current(language):
+    terms = term_list(language)
+    problems = []
+    for term in terms["terms"]:
+        for pattern in [term["en"], term.get("unless") or "", *term.get("not", [])]:
+            re.compile(pattern)
+        if not term.get("zh") or not term.get("why"):
+            problems.append(f"{term['en']!r}: needs its rendering (zh) and the reason (why)")
+        for exception in term.get("except", []):
+            found = [m for m in messages(language, exception["catalog"]) if m.id.startswith(exception["english"])]
+            if len(found) != 1 or not re.search(term["en"], prose(found[0].id), re.I) or not exception.get("why"):
+                problems.append(f"{term['en']!r}: the exception {exception} names no one message that uses the "
+                                "term (or gives no reason): remove it")
+    assert not problems, "\n  ".join(["locales/" + language + "/terms.yml:", *problems])
+
+
+@pytest.mark.parametrize("language", TERM_LANGUAGES)
+def test_each_term_has_one_rendering(language):
+    """For each entry of terms.yml, every message whose English uses the term renders it the chosen way."""
+    terms = term_list(language)["terms"]
+    problems = []
+    for lang, domain in CATALOGS:
+        if lang != language:
+            continue
+        for m in messages(language, domain):
+            if not m.string or m.string == m.id:
+                continue
+            for term in terms:
+                if any(e["catalog"] == domain and m.id.startswith(e["english"]) for e in term.get("except", [])):
+                    continue
+                problems += [f"{domain}: {term['en']!r} {p} in {m.string[:80]!r}"
+                             for p in term_problems(term, m.id, m.string)]
+    assert not problems, (f"{len(problems)} translation(s) that render a term otherwise than "
+                          f"locales/{language}/terms.yml says:\n  " + "\n  ".join(problems[:25]))
+
+
+@pytest.mark.parametrize("language", TERM_LANGUAGES)
+def test_a_repeated_message_has_one_translation(language):
+    allowed = {e["english"] for e in term_list(language).get("same_translation_except", [])}
+    seen: dict[str, dict[str, list[str]]] = {}
+    for lang, domain in CATALOGS:
+        if lang == language and domain != "glossary":  # the glossary's headwords stay English
+            for m in messages(language, domain):
+                if m.string and m.id not in allowed:
+                    seen.setdefault(m.id, {}).setdefault(m.string, []).append(domain)
+    problems = [f"{english[:70]!r}: " + "; ".join(f"{len(ds)} as {s[:40]!r} ({', '.join(ds)})" for s, ds in t.items())
+                for english, t in seen.items() if len(t) > 1]
+    assert not problems, "a message translated differently in different catalogs:\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("language", TERM_LANGUAGES)
+def test_quotations_of_the_source_tutorial_are_its_words(language):
+    """Where the English names the source tutorial, a translation's “quotation” of four or more Chinese characters
+    is the tutorial's own words (a listed passage of terms.yml), not a translation back from the English."""
+    quotes = term_list(language)["tutorial_quotes"]
+    problems = [f"{domain}: “{q}” in {m.string[:60]!r}"
+                for lang, domain in CATALOGS if lang == language
+                for m in messages(language, domain) if m.string and re.search(r"\btutorial\b", m.id, re.I)
+                for q in _quotations(m.string)
+                if len(re.findall(r"[\u4e00-\u9fff]", q)) >= 4 and q not in tutorial_quoted(m.string, quotes)]
+    assert not problems, ("quotations of the source tutorial that are not its words (quote its text, or list the "
+                          "passage in terms.yml's tutorial_quotes after checking it):\n  " + "\n  ".join(problems))
+
+
+@pytest.mark.parametrize("language", TERM_LANGUAGES)
+def test_the_listed_tutorial_passages_and_the_glossarys_tutorial_terms_are_in_the_tutorial(language):
+    source = os.environ.get("ATTNBOOK_SOURCE_TUTORIAL")
+    if not source or not Path(source).is_file():
+        pytest.skip("set ATTNBOOK_SOURCE_TUTORIAL to the source tutorial's text to check terms.yml's tutorial_quotes and "
+                    "glossary.md's bold terms against it")
+    text = _plain(Path(source).read_text(encoding="utf-8"))
+    missing = [q for q in term_list(language)["tutorial_quotes"] if _plain(q) not in text]
+    assert not missing, f"tutorial_quotes that the source tutorial does not contain: {missing}"
+    # glossary.md says its bold Chinese terms are the tutorial's own words
+    not_its_words = [f"{e['headword']}: {e['source']}" for e in glossary_entries(language)
+                     if e["source"] and _plain(e["source"]) not in text]
+    assert not not_its_words, ("glossary.md's bold Chinese terms that the source tutorial does not use (write — "
+                               f"instead): {not_its_words}")
+
+
+# a product written with the letter: "8x8", "6 x 12 个", "）x 层数"; not a label such as "x1.0" (a printed row)
+TIMES = re.compile(r"\d\s?x\s?\d|[\d\u4e00-\u9fff）]\s?x\s[\d\u4e00-\u9fff（]")
+
+
+@pytest.mark.parametrize(("language", "domain"), CATALOGS, ids=[f"{lang}:{d}" for lang, d in CATALOGS])
+def test_multiplication_is_written_with_the_times_sign(language, domain):
+    """In translated prose a product of sizes is 8×8, not 8x8 (code and math keep theirs)."""
+    problems = [f"{found.group(0)!r} in {m.string[:80]!r}" for m in messages(language, domain)
+                if m.string and m.string != m.id and (found := TIMES.search(prose(m.string)))]
+    assert not problems, f"{domain}: write × for a product:\n  " + "\n  ".join(problems)
+
+
+def test_the_times_check_sees_prose_only():
+    assert mismatches("8x8 pixels", "8×8 像素") == [] and not TIMES.search(prose("8×8 像素"))
+    for wrong in ("8x8 像素", "6 x 12 个头", "2（键和值）x 层数 x 头维度"):
+        assert TIMES.search(prose(wrong)), wrong
+    for right in ("`x = 2 * 3` 与 $2 x 3$", "softmax（x1.0 情形）", "FlexAttention 的 4 个"):
+        assert not TIMES.search(prose(right)), right
