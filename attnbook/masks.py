@@ -313,13 +313,22 @@ UNFUSED_WARNING = r"flex_attention called without torch\.compile\(\)"
 
 def flex_available() -> bool:
     """Whether this torch has FlexAttention (``torch.nn.attention.flex_attention``, torch >= 2.5) and can run it
-    eagerly (it traces the score and mask programs with TorchDynamo, which some Python versions lack)."""
+    eagerly (it traces the score and mask programs with TorchDynamo, which some Python versions lack).
+
+    It also imports ``torch.utils.cpp_extension`` quietly, through :func:`attnbook.measure.torch_benchmark`: on
+    a CUDA build of torch without a GPU (Colab's CPU runtime) that module says "No CUDA runtime is found, using
+    CUDA_HOME=..." once, when it is first imported, and FlexAttention's tracing or compiling imports it in some
+    versions. Imported here first, with only that line dropped, it stays quiet. :func:`make_block_mask` and
+    :func:`eager_flex_attention` call this function before they use FlexAttention."""
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
     except ImportError:
         return False
     import torch._dynamo
 
+    from .measure import torch_benchmark
+
+    torch_benchmark()  # imports torch.utils.cpp_extension without its "No CUDA runtime" line
     return bool(torch._dynamo.is_dynamo_supported())
 
 

@@ -224,3 +224,18 @@ def test_block_mask_of_a_decode_step():
         m = int(bm.full_kv_num_blocks[0, 0, 0])
         listed = sorted(listed + bm.full_kv_indices[0, 0, 0, :m].tolist())
     assert listed == [6, 7]
+
+
+def test_flex_available_imports_cpp_extension_first(monkeypatch):
+    """FlexAttention's tracing or compiling imports torch.utils.cpp_extension in some torch versions, which on a
+    CUDA build without a GPU says "No CUDA runtime is found" once, at import: flex_available (which the package
+    calls before any FlexAttention call) imports it first, through measure.torch_benchmark, which drops that line."""
+    import sys
+
+    import attnbook.measure
+
+    calls = []
+    real = attnbook.measure.torch_benchmark
+    monkeypatch.setattr(attnbook.measure, "torch_benchmark", lambda: calls.append(1) or real())
+    if flex_available():
+        assert calls and "torch.utils.cpp_extension" in sys.modules
