@@ -23,13 +23,19 @@ such a cache, with fewer key/value heads (GQA, MQA): :func:`decode_inputs` and
 :func:`measure_decode`.
 
 Many sequences in one pool, vLLM's paged attention: :class:`BlockPool` (fixed-size blocks, a free list,
-reference counts) and :class:`PagedKVCache` (a block table per sequence, blocks taken as it grows and returned
-when it ends, prompts shared between requests with copy-on-write); :func:`simulate_requests` plays a stream
-of requests through them and compares the memory held with preallocating ``max_len`` per request.
+reference counts, cached prompt blocks kept for reuse and evicted least recently used first) and
+:class:`PagedKVCache` (a block table per sequence, blocks taken as it grows and returned when it ends; prompt
+prefixes found again by the hash of each full block, :func:`prefix_block_hashes`, as vLLM v1's automatic
+prefix caching does; :meth:`PagedKVCache.fork` shares a sequence with copy-on-write, the 2023 paper's design);
+:func:`paged_attention` attends over the pages through the block tables, without gathering a copy;
+:func:`simulate_requests` plays a stream of requests through them and compares the memory held with
+preallocating ``max_len`` per request.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TypedDict
 
@@ -276,7 +282,8 @@ def measure_decode(num_heads: int, seq_len: int, kv_options: Sequence[int] | Non
 # (num_blocks, Hkv, block_size, D); a sequence of S tokens owns ceil(S / block_size) of them, listed in order
 # in its block table. (The spelled-out names stand for the pool's two sizes; no new legend letter.)
 
-__all__ += ["BlockPool", "PagedKVCache", "OutOfBlocksError", "PagedSimulation", "simulate_requests"]
+__all__ += ["BlockPool", "PagedKVCache", "OutOfBlocksError", "PagedSimulation", "simulate_requests",
+            "prefix_block_hashes", "paged_attention"]
 
 _SeqId = int | str  # what names a sequence of a PagedKVCache: an int or a str (a request id)
 
@@ -329,6 +336,12 @@ class BlockPool:
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (num_blocks, Hkv, block_size, D)
         self._free = list(range(num_blocks - 1, -1, -1))  # a stack: pop() hands out 0, 1, 2, ... first
         self._refs = [0] * num_blocks
+        # prefix caching: full blocks named by the hash of their tokens and of every token before them
+        self._hash_of: dict[int, bytes] = {}
+        self._block_of: dict[bytes, int] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # free blocks that still hold a cached prefix, LRU first
+        self.num_evictions = 0
+        """Cached blocks taken back for other tokens because no uncached block was free (least recently used first)."""
 
     @property
     def dtype(self) -> torch.dtype:
@@ -340,13 +353,20 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        """Blocks on the free list."""
-        return len(self._free)
+        """Blocks no sequence reads (reference count 0), which :meth:`allocate` can hand out: those on the free
+        list and the cached ones kept for reuse (:attr:`num_cached_free`)."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached_free(self) -> int:
+        """Free blocks that still hold a cached full block of some prompt: a later request with that prefix
+        takes them back (:meth:`take_cached`) instead of computing it again, until they are evicted."""
+        return len(self._evictable)
 
     @property
     def num_used(self) -> int:
         """Blocks in use (reference count > 0): ``num_blocks - num_free``."""
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free
 
     @property
     def bytes_per_token(self) -> int:
@@ -374,24 +394,57 @@ class BlockPool:
         return self._refs[check_int("block", block, 0, self.num_blocks - 1)]
 
     def allocate(self) -> int:
-        """Take a free block (its reference count becomes 1); :class:`OutOfBlocksError` when none is left."""
-        if not self._free:
+        """Take a free block (its reference count becomes 1): one that holds no cached prefix if there is one,
+        else the least recently freed cached block, whose prefix is then forgotten (evicted);
+        :class:`OutOfBlocksError` when none is left."""
+        if self._free:
+            block = self._free.pop()
+        elif self._evictable:
+            block, _ = self._evictable.popitem(last=False)  # least recently used
+            del self._block_of[self._hash_of.pop(block)]
+            self.num_evictions += 1
+        else:
             raise OutOfBlocksError(f"the pool is out of blocks: 1 needed, 0 free of {self.num_blocks}", 1, 0)
-        block = self._free.pop()
         self._refs[block] = 1
         return block
+
+    def cached_block(self, block_hash: bytes) -> int | None:
+        """The block that holds the full block of tokens named ``block_hash`` (see
+        :meth:`PagedKVCache.add_sequence`), in use or free but not yet evicted; None when there is none."""
+        return self._block_of.get(block_hash)
+
+    def take_cached(self, block: int) -> None:
+        """One more sequence reads the cached ``block``: its reference count goes up by 1, and a free one
+        leaves the eviction queue."""
+        block = check_int("block", block, 0, self.num_blocks - 1)
+        if block not in self._hash_of:
+            raise ValueError(f"block {block} holds no cached prefix")
+        self._evictable.pop(block, None)
+        self._refs[block] += 1
+
+    def register(self, block: int, block_hash: bytes) -> None:
+        """Record that the in-use, full ``block`` holds the tokens named ``block_hash``; a hash already cached
+        in another block (two requests computed the same prefix at once) keeps that block."""
+        block = self._check_block(block)
+        if block_hash not in self._block_of and block not in self._hash_of:
+            self._block_of[block_hash] = block
+            self._hash_of[block] = block_hash
 
     def share(self, block: int) -> None:
         """One more sequence reads ``block`` (which must be in use): its reference count goes up by 1."""
         self._refs[self._check_block(block)] += 1
 
     def release(self, block: int) -> bool:
-        """One sequence drops ``block``; when no sequence is left it returns to the free list (its contents
-        stay until it is written again). Returns whether it was freed."""
+        """One sequence drops ``block``; when no sequence is left it is free again (its contents stay until it
+        is written again): a block holding a cached prefix joins the end of the eviction queue (most recently
+        used), any other the free list. Returns whether it was freed."""
         block = self._check_block(block)
         self._refs[block] -= 1
         if self._refs[block] == 0:
-            self._free.append(block)
+            if block in self._hash_of:
+                self._evictable[block] = None
+            else:
+                self._free.append(block)
             return True
         return False
 
@@ -411,15 +464,17 @@ class PagedKVCache:
     * :meth:`gather` returns one sequence's keys and values ``(1, Hkv, S, D)``; :meth:`gather_batch` those of
       several sequences of different lengths, right-padded to the longest, with the padding mask
       ``(B, 1, 1, S)`` (True = may attend) to decode them in one batch;
-    * :meth:`fork` makes a sequence that shares the first tokens of another: the blocks are shared (reference
-      counted) and the first write into a shared block that is not full copies it (copy-on-write), so each
-      sequence sees its own tokens; full shared blocks are never written again and stay stored once;
-    * :meth:`add_sequence` with ``prompt_ids`` is the prompt-sharing helper: a request whose prompt (its token
-      ids) equals that of a live sequence that has cached it forks that sequence's prompt instead of
-      computing and storing it again.
+    * :meth:`add_sequence` with ``prompt_ids`` is automatic prefix caching (vLLM v1's; SGLang's radix cache
+      matches prefixes with a tree instead): every full block of a prompt is named by a hash of its tokens
+      and of the blocks before it, a new request takes the leading blocks already cached (by a live sequence,
+      or freed and kept until evicted, least recently used first) and computes the rest, its last prompt
+      token always included;
+    * :meth:`fork` makes a sequence that shares the first tokens of another (parallel sampling, beam search;
+      the 2023 vLLM paper's copy-on-write): the blocks are shared (reference counted) and the first write into
+      a shared block that is not full copies it, so each sequence sees its own tokens.
 
-    A gather copies the blocks into contiguous tensors (the reference path of this CPU course); vLLM's
-    PagedAttention kernel instead reads the blocks in place through the block table.
+    A gather copies the blocks into contiguous tensors; :func:`paged_attention` (and vLLM's PagedAttention
+    kernel) instead reads the blocks in place through the block table.
 
     Errors: an unknown or freed ``seq_id`` raises ``ValueError`` naming it (writing to a freed sequence is
     a wrong value, not a missing key); a write that needs more blocks than are free raises
@@ -435,8 +490,9 @@ class PagedKVCache:
         """Copy-on-write copies made so far (each one a block copied before a write into a shared block)."""
         self._tables: dict[_SeqId, list[int]] = {}
         self._lengths: dict[_SeqId, int] = {}
-        self._prompt_of: dict[_SeqId, tuple[int, ...]] = {}
-        self._holders: dict[tuple[int, ...], list[_SeqId]] = {}  # prompt ids -> the live sequences started with it
+        self._prompt_hashes: dict[_SeqId, list[bytes]] = {}  # the hash of each full block of a sequence's prompt
+        self.num_hit_tokens = 0
+        """Prompt tokens found cached so far by :meth:`add_sequence` (not computed again)."""
 
     # ------------------------------------------------------------------ sequences
 
@@ -478,34 +534,37 @@ class PagedKVCache:
         return list(self._tables[self._known(seq_id)])
 
     def add_sequence(self, seq_id: _SeqId, prompt_ids: Sequence[int] | torch.Tensor | None = None) -> int:
-        """Start sequence ``seq_id`` (empty), and return how many of its prompt's tokens are already cached.
+        """Start sequence ``seq_id`` and return how many of its prompt's tokens are already cached (the caller
+        computes and appends only the rest).
 
         Without ``prompt_ids`` that is 0. With them (the prompt's token ids, a sequence of ints or a 1-d
-        integer tensor), if a live sequence added with the same ``prompt_ids`` has cached at least that many
-        tokens, the new one forks its prompt (:meth:`fork` of ``len(prompt_ids)`` tokens: the blocks are
-        shared, not copied) and the return value is ``len(prompt_ids)``: append only what follows. (Its
-        first output token comes from the last prompt position, whose result equals the other request's:
-        the same prompt gives the same keys, values and output.) Otherwise the sequence starts empty (0):
-        prefill the prompt with :meth:`append`, and later requests with that prompt will share it.
-
-        This matches whole prompts, the simplest honest form of prefix sharing (n samples of one prompt,
-        one system prompt asked again); vLLM's automatic prefix caching also matches partial prefixes, by
-        hashing each full block's token ids together with those of the blocks before it."""
+        integer tensor) this is **automatic prefix caching** as vLLM (v1) does it: each *full* block of the
+        prompt is named by a hash of its token ids and of the hash of the block before it (so a name stands
+        for the whole prefix up to that block's end, :func:`prefix_block_hashes`); the new sequence takes,
+        in order, every leading block whose name the pool has cached (a block of a live sequence, or a freed
+        one kept for reuse until :meth:`BlockPool.allocate` evicts it, least recently used first) and stops at
+        the first miss. At most ``len(prompt_ids) - 1`` tokens count as found: the last prompt token is always
+        computed, since its output gives the first new token, so a prompt that fills its blocks exactly
+        recomputes its last block. Only full blocks are shared, and a full block is never written again, so no
+        copy is ever needed. The blocks this sequence fills with its prompt are named as it appends them, for
+        the requests after it."""
         seq_id = self._new(seq_id)
-        key: tuple[int, ...] | None = None
-        if prompt_ids is not None:
-            key = _prompt_key(prompt_ids)
-            for holder in self._holders.get(key, []):
-                if self._lengths[holder] >= len(key):
-                    self.fork(holder, seq_id, len(key))
-                    break
-            else:
-                self._tables[seq_id], self._lengths[seq_id] = [], 0
-            self._prompt_of[seq_id] = key
-            self._holders.setdefault(key, []).append(seq_id)
-            return self._lengths[seq_id]
+        hashes = [] if prompt_ids is None else prefix_block_hashes(prompt_ids, self.pool.block_size)
         self._tables[seq_id], self._lengths[seq_id] = [], 0
-        return 0
+        if prompt_ids is None:
+            return 0
+        usable = (len(_prompt_key(prompt_ids)) - 1) // self.pool.block_size  # blocks that may be found cached
+        table = self._tables[seq_id]
+        for block_hash in hashes[:usable]:
+            block = self.pool.cached_block(block_hash)
+            if block is None:
+                break
+            self.pool.take_cached(block)
+            table.append(block)
+        self._lengths[seq_id] = len(table) * self.pool.block_size
+        self._prompt_hashes[seq_id] = hashes
+        self.num_hit_tokens += self._lengths[seq_id]
+        return self._lengths[seq_id]
 
     def fork(self, parent_id: _SeqId, child_id: _SeqId, num_tokens: int | None = None) -> None:
         """Start ``child_id`` as a copy of the first ``num_tokens`` tokens of ``parent_id`` (default: all of
@@ -523,18 +582,14 @@ class PagedKVCache:
         self._tables[child_id], self._lengths[child_id] = blocks, num_tokens
 
     def free(self, seq_id: _SeqId) -> None:
-        """Drop ``seq_id``: each of its blocks loses a reader, and those no other sequence reads go back to
-        the pool's free list. Writing to it afterwards raises ``ValueError``."""
+        """Drop ``seq_id``: each of its blocks loses a reader, and those no other sequence reads are free again
+        (a cached prompt block stays cached, for reuse, until evicted; the last blocks are released first, so
+        they are evicted before the prefix they extend). Writing to it afterwards raises ``ValueError``."""
         seq_id = self._known(seq_id)
-        for block in self._tables.pop(seq_id):
+        for block in reversed(self._tables.pop(seq_id)):
             self.pool.release(block)
         del self._lengths[seq_id]
-        key = self._prompt_of.pop(seq_id, None)
-        if key is not None:
-            holders = self._holders[key]
-            holders.remove(seq_id)
-            if not holders:
-                del self._holders[key]
+        self._prompt_hashes.pop(seq_id, None)
 
     # ------------------------------------------------------------------ writing
 
@@ -565,6 +620,9 @@ class PagedKVCache:
             self.num_copies += 1
         table.extend(self.pool.allocate() for _ in range(new_blocks))
         self._lengths[seq_id] = length + n
+        hashes = self._prompt_hashes.get(seq_id, [])
+        for i in range(length // size, min((length + n) // size, len(hashes))):  # prompt blocks filled now
+            self.pool.register(table[i], hashes[i])
         return length
 
     def append(self, seq_id: _SeqId, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -681,6 +739,76 @@ def _prompt_key(prompt_ids: object) -> tuple[int, ...]:
     return key
 
 
+def prefix_block_hashes(prompt_ids: Sequence[int] | torch.Tensor, block_size: int) -> list[bytes]:
+    """The names of the full blocks of a prompt, as automatic prefix caching names them: block i's name is
+    ``sha256(name of block i - 1 + its block_size token ids)`` (block 0 after an empty name), so two prompts
+    share a block's name exactly when they agree on every token up to that block's end. One name per full
+    block, ``len(prompt_ids) // block_size`` of them; a partly filled last block has none."""
+    key = _prompt_key(prompt_ids)
+    size = check_int("block_size", block_size, 1)
+    names, parent = [], b""
+    for start in range(0, len(key) - size + 1, size):
+        tokens = ",".join(map(str, key[start:start + size])).encode()
+        parent = hashlib.sha256(parent + b"|" + tokens).digest()
+        names.append(parent)
+    return names
+
+
+def paged_attention(q: torch.Tensor, cache: PagedKVCache, seq_ids: Sequence[_SeqId], *,
+                    scale: float | None = None) -> torch.Tensor:
+    """Attention of the newest tokens of several sequences over their cached keys and values, read block by
+    block through each block table, in place: nothing is gathered into a contiguous copy.
+
+    ``q`` ``(B, H, T, D)``: for each of the B sequences of ``seq_ids``, the queries of its T newest tokens,
+    whose keys and values are already appended; they sit at positions ``S_b - T .. S_b - 1`` of its ``S_b``
+    cached tokens and attend causally (T = 1: a decoding step; T > 1: a chunk of prefill). H is a multiple of
+    the pool's Hkv (grouped-query heads: query head h reads key/value head ``h // (H // Hkv)``). Each block
+    ``pool.k[block]`` (a view) adds its scores to an online softmax: a running maximum, sum and weighted sum
+    per query, rescaled when the maximum grows (flash attention's recurrence, over pages, as a decoding kernel
+    such as vLLM's runs it). Returns ``(B, H, T, D)``, equal to attention over :meth:`PagedKVCache.gather`'s
+    keys and values with ``causal_mask(T, S_b, offset=S_b - T)``."""
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
+    if isinstance(seq_ids, (str, bytes)) or not isinstance(seq_ids, Sequence):
+        raise TypeError(f"seq_ids must be a sequence of seq ids, got {type(seq_ids).__name__}")
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    pool = cache.pool
+    if q.dim() != 4 or q.shape[0] != len(seq_ids) or q.shape[3] != pool.head_dim or q.shape[1] % pool.num_kv_heads:
+        raise ValueError(f"q must be (B, H, T, D) with B = len(seq_ids) = {len(seq_ids)}, H a multiple of "
+                         f"Hkv = {pool.num_kv_heads} and D = {pool.head_dim}, got {shape_str(q)}")
+    if q.dtype != pool.dtype or q.device != pool.device:
+        raise TypeError(f"q is {q.dtype} on {q.device}, the pool holds {pool.dtype} on {pool.device}")
+    B, H, T, D = q.shape
+    Hkv, size = pool.num_kv_heads, pool.block_size
+    lengths = [cache.length(s) for s in seq_ids]
+    if T > min(lengths):
+        raise ValueError(f"q has T={T} new tokens per sequence, but a sequence of seq_ids caches only "
+                         f"{min(lengths)}: append their keys and values first (lengths {lengths})")
+    scale = D ** -0.5 if scale is None else float(scale)
+    low = torch.finfo(q.dtype).min
+    out = q.new_zeros(B, H, T, D)  # (B, H, T, D)
+    for i, (seq_id, n) in enumerate(zip(seq_ids, lengths)):
+        qg = q[i].reshape(Hkv, H // Hkv, T, D) * scale  # (Hkv, G, T, D): the query heads of each key/value head
+        pos_q = torch.arange(n - T, n, device=q.device)[:, None]  # (T, 1) absolute positions
+        m = q.new_full((Hkv, H // Hkv, T), low)  # running maximum
+        l_sum = q.new_zeros(Hkv, H // Hkv, T)  # running sum of exp(score - m)
+        acc = q.new_zeros(Hkv, H // Hkv, T, D)  # running sum of exp(score - m) v
+        for j, block in enumerate(cache.block_table(seq_id)):
+            kb, vb = pool.k[block], pool.v[block]  # (Hkv, block_size, D) views into the pool
+            pos_k = j * size + torch.arange(size, device=q.device)[None, :]  # (1, block_size)
+            allowed = (pos_k <= pos_q) & (pos_k < n)  # (T, block_size): causal, and written positions only
+            scores = (qg @ kb[:, None].transpose(-2, -1)).masked_fill(~allowed, low)  # (Hkv, G, T, block_size)
+            m_new = torch.maximum(m, scores.amax(-1))
+            p = torch.exp(scores - m_new[..., None]) * allowed  # blocked pairs weigh exactly 0
+            alpha = torch.exp(m - m_new)
+            l_sum = alpha * l_sum + p.sum(-1)
+            acc = alpha[..., None] * acc + p @ vb[:, None]  # (Hkv, G, T, D)
+            m = m_new
+        out[i] = (acc / l_sum.clamp_min(torch.finfo(q.dtype).tiny)[..., None]).reshape(H, T, D)  # (H, T, D)
+    return out
+
+
 # ----------------------------------------------------------------------------- paged memory, simulated
 
 
@@ -703,12 +831,13 @@ class PagedSimulation(TypedDict):
     mean_preallocated: float
     waste_fraction: float            # (mean_held - mean_used) / mean_held: empty ends of last blocks
     waste_per_request: float         # the same, in positions per running request: about (block_size - 1) / 2
-    shared_requests: int             # requests whose prompt was already cached by a live request
+    shared_requests: int             # requests that found some of their prompt cached (prefix caching)
     peak_held_shared: int            # the same stream with prompt sharing
     mean_held_shared: float
     saved_blocks_peak: int           # (peak_held - peak_held_shared) / block_size
     saved_blocks_mean: float
-    copies: int                      # copy-on-write copies of a shared, partly filled last prompt block
+    hit_tokens: int                  # prompt tokens found cached (full blocks, hashed), not computed again
+    evictions: int                   # cached free blocks taken back for other tokens (least recently used)
 
 
 def _check_range(name: str, value: object) -> tuple[int, int]:
@@ -721,13 +850,14 @@ def _check_range(name: str, value: object) -> tuple[int, int]:
 
 
 def _play(starts: list[int], prompts: list[int], outputs: list[int], common: list[bool], shared_prompt_len: int,
-          block_size: int, max_len: int, batch_size: int, share: bool) -> tuple[int, float, int, int]:
+          block_size: int, max_len: int, batch_size: int, share: bool) -> tuple[int, float, int, int, int]:
     """Play the requests' allocations through a :class:`PagedKVCache` (no keys or values written). Request r
     runs steps ``starts[r] .. starts[r] + outputs[r] - 1``, holding ``prompts[r] + j`` tokens at its j-th
     step, and is freed at step ``starts[r] + outputs[r]`` (before that step's allocations). Blocks change
-    only when a request starts (its prompt), writes into a new block, or copies a shared block, so those
+    only when a request starts (its prompt), writes into a new block, or frees its blocks, so those
     are the only events; each grows the request up to the end of its current block. Returns the peak and
-    the mean number of blocks in use over the steps, the shared requests and the copies."""
+    the mean number of blocks in use over the steps, the requests that found cached blocks, the prompt tokens
+    found cached and the evictions."""
     import heapq
 
     per_request = -(-max_len // block_size) + 1
@@ -764,7 +894,7 @@ def _play(starts: list[int], prompts: list[int], outputs: list[int], common: lis
         held = pool.num_used
         peak = max(peak, held)
     steps = last_step
-    return peak, area / steps, shared, cache.num_copies
+    return peak, area / steps, shared, cache.num_hit_tokens, pool.num_evictions
 
 
 def simulate_requests(num_requests: int = 400, *, prompt_len_range: tuple[int, int] = (16, 512),
@@ -783,7 +913,9 @@ def simulate_requests(num_requests: int = 400, *, prompt_len_range: tuple[int, i
 
     The stream is played twice through :class:`BlockPool` and :class:`PagedKVCache`: without sharing
     (held memory, and the waste inside last blocks), and with the common prompt shared through
-    ``add_sequence(prompt_ids=...)`` (blocks saved; copy-on-write copies). Deterministic for a seed; the
+    ``add_sequence(prompt_ids=...)`` (automatic prefix caching: hashed full blocks, freed ones kept for reuse
+    and evicted least recently used first; the blocks saved, the prompt tokens found cached). Only the common
+    prompt's token ids are given, so only it can be found. Deterministic for a seed; the
     lengths drawn do not depend on ``block_size``, so a table over block sizes compares one stream.
     ``ValueError`` when ``max_len`` is shorter than the longest request."""
     import heapq
@@ -821,11 +953,11 @@ def simulate_requests(num_requests: int = 400, *, prompt_len_range: tuple[int, i
         starts.append(start)
         heapq.heappush(slots, start + o)
     stream = (starts, prompts, outputs, common, shared_prompt_len, block_size, max_len, batch_size)
-    peak, mean, _, _ = _play(*stream, share=False)
+    peak, mean, _, _, _ = _play(*stream, share=False)
     if any(common):
-        peak_s, mean_s, shared, copies = _play(*stream, share=True)
+        peak_s, mean_s, shared, hits, evictions = _play(*stream, share=True)
     else:
-        peak_s, mean_s, shared, copies = peak, mean, 0, 0
+        peak_s, mean_s, shared, hits, evictions = peak, mean, 0, 0, 0
     steps = max(s + o for s, o in zip(starts, outputs))
     running = sum(outputs) / steps
     used = sum(o * p + o * (o - 1) / 2 for p, o in zip(prompts, outputs)) / steps  # sum over steps of p + j
@@ -836,4 +968,4 @@ def simulate_requests(num_requests: int = 400, *, prompt_len_range: tuple[int, i
         peak_preallocated=len(slots) * max_len, mean_preallocated=running * max_len,
         waste_fraction=(held - used) / held, waste_per_request=(held - used) / running,
         shared_requests=shared, peak_held_shared=peak_s * block_size, mean_held_shared=mean_s * block_size,
-        saved_blocks_peak=peak - peak_s, saved_blocks_mean=mean - mean_s, copies=copies)
+        saved_blocks_peak=peak - peak_s, saved_blocks_mean=mean - mean_s, hit_tokens=hits, evictions=evictions)

@@ -81,6 +81,7 @@ __all__ = [
     "prefix_lm_mask",
     "prefix_lm_mask_mod",
     "combine_mask_mods",
+    "union_mask_mods",
     "alibi_score_mod",
     "relative_position_score_mod",
     "soft_cap_score_mod",
@@ -130,13 +131,17 @@ def padding_mask(lengths: torch.Tensor | Sequence[int], max_len: int | None = No
     return real[:, None, None, :]  # (B, 1, 1, S)
 
 
-def sliding_window_mask(T: int, window: int, S: int | None = None, *, causal: bool = False, device: Device = None) -> torch.Tensor:
-    """Bool ``(T, S)``: query ``i`` may attend key ``j`` when ``|i - j| <= window``
-    (``0 <= i - j <= window`` when ``causal``)."""
+def sliding_window_mask(T: int, window: int, S: int | None = None, *, causal: bool = False, offset: int = 0,
+                        device: Device = None) -> torch.Tensor:
+    """Bool ``(T, S)``: query ``i``, at position ``p = i + offset``, may attend key ``j`` when
+    ``|p - j| <= window`` (``0 <= p - j <= window`` when ``causal``). ``offset=0`` (the default) numbers
+    queries and keys from the same start, as :func:`causal_mask`; when the queries are the last T of S
+    positions (decoding with a KV cache), pass ``offset=S - T``."""
     T = check_int("T", T)
     S = T if S is None else check_int("S", S)
     window = check_int("window", window, 0)
-    i = torch.arange(T, device=device)[:, None]
+    offset = check_int("offset", offset, None)
+    i = torch.arange(T, device=device)[:, None] + offset
     j = torch.arange(S, device=device)[None, :]
     d = i - j  # (T, S)
     if causal:
@@ -294,7 +299,10 @@ ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tor
 """``score_mod(score, b, h, q_idx, kv_idx) -> score``, FlexAttention's signature (``score`` already scaled)."""
 
 FLEX_BLOCK_SIZE = 128
-"""FlexAttention's default tile side (queries and keys per block of a ``BlockMask``)."""
+"""The default side of a ``BlockMask``'s blocks (``create_block_mask``'s ``BLOCK_SIZE``; torch calls it the sparse
+block size): the unit of sparsity, i.e. which (query block, key block) pairs the kernel skips, computes with
+``mask_mod`` or computes whole. It is not the compiled kernel's tile: the kernel picks its own tile sizes, which
+divide it. The module's "tile" means such a block."""
 TILE_KINDS = ("skipped", "partial", "full")
 """What a (query block, key block) tile of a block mask is, by its code in :func:`block_tiles`'s grid: 0 no
 pair allowed (the kernel skips it), 1 some pairs allowed (computed, with ``mask_mod`` applied), 2 every pair
@@ -305,24 +313,77 @@ UNFUSED_WARNING = r"flex_attention called without torch\.compile\(\)"
 
 def flex_available() -> bool:
     """Whether this torch has FlexAttention (``torch.nn.attention.flex_attention``, torch >= 2.5) and can run it
-    eagerly (it traces the score and mask programs with TorchDynamo, which some Python versions lack)."""
+    eagerly (it traces the score and mask programs with TorchDynamo, which some Python versions lack).
+
+    It also imports ``torch.utils.cpp_extension`` quietly, through :func:`attnbook.measure.torch_benchmark`: on
+    a CUDA build of torch without a GPU (Colab's CPU runtime) that module says "No CUDA runtime is found, using
+    CUDA_HOME=..." once, when it is first imported, and FlexAttention's tracing or compiling imports it in some
+    versions. Imported here first, with only that line dropped, it stays quiet. :func:`make_block_mask` and
+    :func:`eager_flex_attention` call this function before they use FlexAttention."""
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
     except ImportError:
         return False
     import torch._dynamo
 
+    from .measure import torch_benchmark
+
+    torch_benchmark()  # imports torch.utils.cpp_extension without its "No CUDA runtime" line
     return bool(torch._dynamo.is_dynamo_supported())
 
 
-def _named(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., torch.Tensor]:
-    """``fn`` with a readable ``__name__`` (``BlockMask``'s repr and :func:`check_mask_mod`'s errors show it)."""
+def _named(fn: Callable[..., torch.Tensor], name: str, *, T: int | None = None, S: int | None = None,
+           square: bool = False) -> Callable[..., torch.Tensor]:
+    """``fn`` with a readable ``__name__`` (``BlockMask``'s repr and the errors show it) and the sizes it is
+    right for: ``T`` queries and ``S`` keys (None: any), or with ``square`` self-attention of any length
+    (T == S, query i at key position i). :func:`check_mask_mod` and :func:`apply_score_mod` refuse other sizes."""
     fn.__name__ = fn.__qualname__ = name
+    setattr(fn, _SIZES, (T, S, square))
     return fn
+
+
+_SIZES = "_attnbook_sizes"  # the attribute where _named keeps the (T, S, square) a program is right for
 
 
 def _mod_name(fn: object) -> str:
     return getattr(fn, "__name__", None) or repr(fn)
+
+
+def _check_sizes(program: object, T: int, S: int) -> None:
+    """ValueError unless ``program`` (one of attnbook's) is right for ``T`` queries against ``S`` keys. A
+    program of one's own (no recorded sizes) is not checked."""
+    sizes = getattr(program, _SIZES, None)
+    if sizes is None:
+        return
+    pT, pS, square = sizes
+    name = _mod_name(program)
+    if square and T != S:
+        raise ValueError(
+            f"{name} is a self-attention program (T == S, query i at key position i), used with T={T} queries "
+            f"and S={S} keys: for queries offset into the keys (decoding, chunked prefill) build it for T={T}, "
+            f"S={S} (the queries are then the last T keys' positions, offset = S - T, unless offset= says otherwise)")
+    if (pT is not None and pT != T) or (pS is not None and pS != S):
+        raise ValueError(
+            f"{name} was built for T={pT if pT is not None else 'any'} queries and S={pS} keys, used with T={T} "
+            f"and S={S}: its positions would be wrong (a decoding step has one more key than the last); build "
+            f"the program for this step's T and S")
+
+
+def _offset(T: int, S: int, offset: object) -> int:
+    """The absolute position of query 0: ``S - T`` by default (the queries are the last T of the S keys, as
+    ``causal_lower_right``; negative when there are more queries than keys: the first see none), else
+    ``offset`` (an int)."""
+    return S - T if offset is None else check_int("offset", offset, None)
+
+
+def _lengths(T: int | None, S: int | None) -> tuple[int | None, int | None]:
+    """Checked ``(T, S)`` of a program that may be built without sizes (``T`` None: self-attention)."""
+    if T is None:
+        if S is not None:
+            raise ValueError(f"S={S} needs T (the number of queries) too")
+        return None, None
+    T = check_int("T", T)
+    return T, T if S is None else check_int("S", S)
 
 
 def _int_tensor(name: str, values: torch.Tensor | Sequence[int], device: Device = None) -> torch.Tensor:
@@ -352,13 +413,16 @@ def check_mask_mod(mask_mod: MaskMod, T: int, S: int | None = None, *, B: int = 
     aranges (as :func:`dense_mask` calls it) a bool tensor that broadcasts to ``(B, H, T, S)``.
 
     TypeError names the program when it is not callable or returns something other than a bool tensor (an
-    int 0/1 mask, a Python bool); ValueError when its result does not broadcast to ``(B, H, T, S)``.
+    int 0/1 mask, a Python bool); ValueError when its result does not broadcast to ``(B, H, T, S)``, or when
+    it is one of this module's programs built for other sizes (a program knows where its queries sit among
+    the keys: one built for a step of decoding is wrong one step later, and says so).
     """
     T = check_int("T", T)
     S = T if S is None else check_int("S", S)
     B, H = check_int("B", B), check_int("H", H)
     if not callable(mask_mod):
         raise TypeError(f"mask_mod must be callable (b, h, q_idx, kv_idx) -> bool tensor, got {type(mask_mod).__name__}")
+    _check_sizes(mask_mod, T, S)
     name = _mod_name(mask_mod)
     zero = torch.zeros((), dtype=torch.int32, device=device)
     for args, what in (((zero, zero, zero, zero), "scalar indices"), (_grid(B, H, T, S, device), "index grids")):
@@ -392,13 +456,14 @@ def dense_mask(mask_mod: MaskMod, B: int, H: int, T: int, S: int | None = None, 
 def apply_score_mod(score_mod: ScoreMod, scores: torch.Tensor) -> torch.Tensor:
     """``score_mod`` applied to dense scores ``(B, H, T, S)`` (already scaled), vectorised on broadcasting
     aranges: the scores FlexAttention's softmax sees. On zeros it gives an additive program's bias
-    (ALiBi's, T5's)."""
+    (ALiBi's, T5's). ValueError for one of this module's programs built for other T and S."""
     if not callable(score_mod):
         raise TypeError(f"score_mod must be callable (score, b, h, q_idx, kv_idx) -> score, got {type(score_mod).__name__}")
     if not isinstance(scores, torch.Tensor) or not scores.dtype.is_floating_point:
         raise TypeError(f"scores must be a float tensor (B, H, T, S), got {getattr(scores, 'dtype', type(scores).__name__)}")
     if scores.dim() != 4:
         raise ValueError(f"scores must be (B, H, T, S), got shape {shape_str(scores)}")
+    _check_sizes(score_mod, scores.shape[2], scores.shape[3])
     out = score_mod(scores, *_grid(*scores.shape, device=scores.device))  # type: ignore[misc]
     if not isinstance(out, torch.Tensor) or not out.dtype.is_floating_point:
         raise TypeError(f"score_mod {_mod_name(score_mod)} must return float scores, got "
@@ -407,40 +472,57 @@ def apply_score_mod(score_mod: ScoreMod, scores: torch.Tensor) -> torch.Tensor:
 
 
 # -- mask programs ----------------------------------------------------------------------------------------
+#
+# Positions: query q_idx of a block of T queries sits at absolute position offset + q_idx among the S keys
+# (key kv_idx at position kv_idx). offset = S - T by default: the queries are the last T positions, as when
+# decoding (T = 1 against a cache of S keys) or prefilling a chunk (T new tokens after S - T cached ones),
+# and as torch's causal_lower_right. A program built for (T, S) refuses other sizes (_check_sizes); one built
+# without them is for self-attention (T == S, offset 0) of any length and refuses T != S.
 
 
-def causal_mask_mod(T: int, S: int | None = None, *, bottom_right: bool = False) -> MaskMod:
-    """Causal: ``kv_idx <= q_idx`` (top-left, as ``is_causal=True`` and :func:`causal_mask`), or with
-    ``bottom_right`` ``kv_idx <= q_idx + S - T`` (the queries are the last T of S positions, as
-    ``causal_mask(T, S, offset=S - T)`` and ``causal_lower_right``)."""
+def causal_mask_mod(T: int, S: int | None = None, *, offset: int | None = None) -> MaskMod:
+    """Causal: ``kv_idx <= q_idx + offset`` with ``offset = S - T`` by default (the queries are the last T of
+    S positions: ``causal_mask(T, S, offset=S - T)``, torch's ``causal_lower_right``; a decoding step sees
+    every cached key). ``offset=0`` is top-left (``is_causal=True``, ``causal_upper_left``). Built for these
+    T and S only (:func:`check_mask_mod` refuses others)."""
     T = check_int("T", T)
     S = T if S is None else check_int("S", S)
-    offset = S - T if bottom_right else 0
+    off = _offset(T, S, offset)
 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-        return kv_idx <= q_idx + offset
+        return kv_idx <= q_idx + off
 
-    return _named(mask_mod, f"causal_{'bottom_right' if bottom_right else 'top_left'}(T={T}, S={S})")
+    return _named(mask_mod, f"causal(T={T}, S={S}, offset={off})", T=T, S=S)
 
 
-def sliding_window_mask_mod(window: int, *, causal: bool = False) -> MaskMod:
-    """``|q_idx - kv_idx| <= window`` (``0 <= q_idx - kv_idx <= window`` when ``causal``): the mask of
-    :func:`sliding_window_mask`. (Hugging Face's ``sliding_window`` W is this with ``window = W - 1``.)"""
+def sliding_window_mask_mod(window: int, T: int | None = None, S: int | None = None, *, causal: bool = False,
+                            offset: int | None = None) -> MaskMod:
+    """``|p - kv_idx| <= window`` (``0 <= p - kv_idx <= window`` when ``causal``), where ``p = q_idx + offset``
+    is the query's position: the mask of :func:`sliding_window_mask`. Without ``T`` a self-attention program
+    (T == S, ``p = q_idx``, any length); with ``T`` and ``S`` the queries sit at ``offset`` (default
+    ``S - T``: the last T positions, as a decoding step's query after S - 1 cached keys), for those sizes
+    only. (Hugging Face's ``sliding_window`` W is this with ``window = W - 1``.)"""
     window = check_int("window", window, 0)
+    T, S = _lengths(T, S)
+    if T is None and offset is not None:
+        raise ValueError("offset needs T and S: a program built without them is for self-attention (offset 0)")
+    off = 0 if T is None or S is None else _offset(T, S, offset)
 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-        d = q_idx - kv_idx
+        d = q_idx + off - kv_idx
         return (d >= 0) & (d <= window) if causal else d.abs() <= window
 
-    return _named(mask_mod, f"sliding_window(window={window}, causal={causal})")
+    sizes = "" if T is None else f", T={T}, S={S}, offset={off}"
+    return _named(mask_mod, f"sliding_window(window={window}, causal={causal}{sizes})", T=T, S=S, square=T is None)
 
 
 def padding_mask_mod(lengths: torch.Tensor | Sequence[int], max_len: int | None = None, *, left: bool = False,
                      device: Device = None) -> MaskMod:
     """Key ``kv_idx`` of batch element ``b`` is real: ``kv_idx < lengths[b]`` (with ``left``,
     ``kv_idx >= max_len - lengths[b]``): the mask of :func:`padding_mask`. ``max_len`` (S) defaults to the
-    longest length. A length of 0 blocks every query of that element: FlexAttention gives such fully masked
-    rows a zero output, attnbook's convention too."""
+    longest length; the program is for S = ``max_len`` keys and any number of queries (it reads key positions
+    only). A length of 0 blocks every query of that element: FlexAttention gives such fully masked rows a
+    zero output, attnbook's convention too."""
     lengths = _int_tensor("lengths", lengths, device)
     if lengths.dim() != 1:
         raise ValueError(f"lengths must be 1-D (B,), got shape {shape_str(lengths)}")
@@ -455,7 +537,7 @@ def padding_mask_mod(lengths: torch.Tensor | Sequence[int], max_len: int | None 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         return kv_idx >= first_real[b] if left else kv_idx < lengths[b]
 
-    return _named(mask_mod, f"padding(lengths={lengths.tolist()}, max_len={S}, left={left})")
+    return _named(mask_mod, f"padding(lengths={lengths.tolist()}, max_len={S}, left={left})", S=S)
 
 
 def document_ids(lengths: torch.Tensor | Sequence[int], *, device: Device = None) -> torch.Tensor:
@@ -485,24 +567,32 @@ def document_mask(document_ids: torch.Tensor | Sequence[int], *, causal: bool = 
     return same[:, None] if ids.dim() == 2 else same  # (B, 1, T, T) or (T, T)
 
 
-def document_mask_mod(document_ids: torch.Tensor | Sequence[int], *, causal: bool = True,
-                      device: Device = None) -> MaskMod:
-    """Packed documents (``document_ids`` ``(T,)``, one id per position, e.g. from :func:`document_ids`, or
-    ``(B, T)``, one row per batch element): a query attends keys of its own document only, causally when
-    ``causal``. Self-attention (S = T). The mask of :func:`document_mask`."""
+def document_mask_mod(document_ids: torch.Tensor | Sequence[int], T: int | None = None, *, causal: bool = True,
+                      offset: int | None = None, device: Device = None) -> MaskMod:
+    """Packed documents: ``document_ids`` ``(S,)`` (one id per key position, e.g. from :func:`document_ids`)
+    or ``(B, S)`` (one row per batch element); a query attends keys of its own document only, causally when
+    ``causal``. ``T`` queries (default S: self-attention, the mask of :func:`document_mask`) sit at positions
+    ``offset + q_idx`` with ``offset = S - T`` by default (the last T positions: decoding, chunked prefill);
+    built for these T and S only."""
     ids = _check_document_ids(document_ids, device)
-    T = ids.shape[-1]
+    S = ids.shape[-1]
+    T = S if T is None else check_int("T", T)
+    off = _offset(T, S, offset)
+    if off < 0 or off + T > S:
+        raise ValueError(f"document_ids give the documents of S={S} positions; queries at positions {off} to "
+                         f"{off + T - 1} (offset={off}, T={T}) lie past them")
 
     if ids.dim() == 1:
         def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-            same = ids[q_idx] == ids[kv_idx]
-            return same & (kv_idx <= q_idx) if causal else same
+            same = ids[q_idx + off] == ids[kv_idx]
+            return same & (kv_idx <= q_idx + off) if causal else same
     else:
         def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-            same = ids[b, q_idx] == ids[b, kv_idx]
-            return same & (kv_idx <= q_idx) if causal else same
+            same = ids[b, q_idx + off] == ids[b, kv_idx]
+            return same & (kv_idx <= q_idx + off) if causal else same
 
-    return _named(mask_mod, f"document(T={T}, documents={int(ids.unique().numel())}, causal={causal})")
+    return _named(mask_mod, f"document(T={T}, S={S}, offset={off}, documents={int(ids.unique().numel())}, "
+                            f"causal={causal})", T=T, S=S)
 
 
 def prefix_lm_mask(T: int, prefix_len: int, *, device: Device = None) -> torch.Tensor:
@@ -515,67 +605,106 @@ def prefix_lm_mask(T: int, prefix_len: int, *, device: Device = None) -> torch.T
     return causal_mask(T, device=device) | prefix[None, :]  # (T, S)
 
 
-def prefix_lm_mask_mod(prefix_len: int) -> MaskMod:
-    """Prefix LM: ``kv_idx <= q_idx or kv_idx < prefix_len`` (bidirectional over the prefix, causal after):
-    the mask of :func:`prefix_lm_mask`."""
+def prefix_lm_mask_mod(prefix_len: int, T: int | None = None, S: int | None = None, *,
+                       offset: int | None = None) -> MaskMod:
+    """Prefix LM: ``kv_idx <= q_idx + offset or kv_idx < prefix_len`` (bidirectional over the prefix, causal
+    after): the mask of :func:`prefix_lm_mask`. Without ``T`` a self-attention program (offset 0, T == S);
+    with ``T`` and ``S`` the queries are the last T positions (``offset = S - T`` by default), for those
+    sizes only."""
     prefix_len = check_int("prefix_len", prefix_len, 0)
+    T, S = _lengths(T, S)
+    if T is None and offset is not None:
+        raise ValueError("offset needs T and S: a program built without them is for self-attention (offset 0)")
+    off = 0 if T is None or S is None else _offset(T, S, offset)
 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-        return (kv_idx <= q_idx) | (kv_idx < prefix_len)
+        return (kv_idx <= q_idx + off) | (kv_idx < prefix_len)
 
-    return _named(mask_mod, f"prefix_lm(prefix_len={prefix_len})")
+    sizes = "" if T is None else f", T={T}, S={S}, offset={off}"
+    return _named(mask_mod, f"prefix_lm(prefix_len={prefix_len}{sizes})", T=T, S=S, square=T is None)
+
+
+def _joint_sizes(mods: Sequence[object]) -> dict:
+    """The sizes a combination of programs is right for: those every part agrees on; ValueError if two
+    parts were built for different sizes."""
+    T: int | None = None
+    S: int | None = None
+    square = False
+    for m in mods:
+        mT, mS, msq = getattr(m, _SIZES, (None, None, False))
+        for name, mine, theirs in (("T", mT, T), ("S", mS, S)):
+            if mine is not None and theirs is not None and mine != theirs:
+                raise ValueError(f"the programs to combine were built for different sizes ({name}={theirs} and "
+                                 f"{name}={mine}: {', '.join(_mod_name(x) for x in mods)})")
+        T, S, square = mT if mT is not None else T, mS if mS is not None else S, square or msq
+    if square and T is not None and S is not None and T != S:
+        raise ValueError(f"a self-attention program (T == S) cannot be combined with one built for T={T}, S={S}: "
+                         f"build every part for T={T}, S={S}")
+    return {"T": T, "S": S, "square": square}
 
 
 def combine_mask_mods(*mask_mods: MaskMod) -> MaskMod:
-    """Logical AND of mask programs (as :func:`combine_masks` for dense masks, and torch's ``and_masks``): a
-    key is allowed only if every program allows it."""
+    """Logical AND of mask programs (torch's ``and_masks``; as :func:`combine_masks` for dense masks): a key
+    is allowed only if every program allows it. Right for the sizes its parts agree on (ValueError when
+    they were built for different ones)."""
     if not mask_mods or not all(callable(m) for m in mask_mods):
         raise TypeError(f"combine_mask_mods takes one or more mask programs, got {[type(m).__name__ for m in mask_mods]}")
-    first, *rest = mask_mods
+    from torch.nn.attention.flex_attention import and_masks
 
-    def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-        out = first(b, h, q_idx, kv_idx)
-        for m in rest:
-            out = out & m(b, h, q_idx, kv_idx)
-        return out
+    sizes = _joint_sizes(mask_mods)
+    return _named(and_masks(*mask_mods), " & ".join(_mod_name(m) for m in mask_mods), **sizes)
 
-    return _named(mask_mod, " & ".join(_mod_name(m) for m in mask_mods))
+
+def union_mask_mods(*mask_mods: MaskMod) -> MaskMod:
+    """Logical OR of mask programs (torch's ``or_masks``): a key is allowed if any program allows it (a
+    window OR the first key: an attention sink). Right for the sizes its parts agree on."""
+    if not mask_mods or not all(callable(m) for m in mask_mods):
+        raise TypeError(f"union_mask_mods takes one or more mask programs, got {[type(m).__name__ for m in mask_mods]}")
+    from torch.nn.attention.flex_attention import or_masks
+
+    sizes = _joint_sizes(mask_mods)
+    return _named(or_masks(*mask_mods), " | ".join(_mod_name(m) for m in mask_mods), **sizes)
 
 
 # -- score programs ---------------------------------------------------------------------------------------
 
 
-def alibi_score_mod(num_heads: int, T: int, S: int | None = None, *, device: Device = None) -> ScoreMod:
-    """ALiBi: ``score - slope_h * |q_idx + S - T - kv_idx|`` with :func:`attnbook.alibi_slopes`'s slopes (the
-    queries are the last T of S positions). With :func:`causal_mask_mod` ``(T, S, bottom_right=True)`` as the
-    mask it is ``attnbook.alibi_bias(num_heads, T, S)``; alone, ``alibi_bias(..., causal=False)``."""
+def alibi_score_mod(num_heads: int, T: int, S: int | None = None, *, offset: int | None = None,
+                    device: Device = None) -> ScoreMod:
+    """ALiBi: ``score - slope_h * |q_idx + offset - kv_idx|`` with :func:`attnbook.alibi_slopes`'s slopes, the
+    queries at ``offset`` (default ``S - T``: the last T of S positions). With :func:`causal_mask_mod`
+    ``(T, S)`` as the mask it is ``attnbook.alibi_bias(num_heads, T, S)``; alone, ``alibi_bias(...,
+    causal=False)``. For these T and S only."""
     num_heads = check_int("num_heads", num_heads)
     T = check_int("T", T)
     S = T if S is None else check_int("S", S)
     slopes = alibi_slopes(num_heads, device=device)  # (H,)
-    offset = S - T
+    off = _offset(T, S, offset)
 
     def score_mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor,
                   kv_idx: torch.Tensor) -> torch.Tensor:
-        return score - slopes[h] * (q_idx + offset - kv_idx).abs()
+        return score - slopes[h] * (q_idx + off - kv_idx).abs()
 
-    return _named(score_mod, f"alibi(num_heads={num_heads}, T={T}, S={S})")
+    return _named(score_mod, f"alibi(num_heads={num_heads}, T={T}, S={S}, offset={off})", T=T, S=S)
 
 
-def relative_position_score_mod(bias: RelativePositionBias, T: int, S: int | None = None) -> ScoreMod:
-    """T5's relative position bias as a score program: ``score + table[bucket(kv_idx - q_idx - (S - T)), h]``,
-    with ``bias``'s learned table (``bias.embedding.weight``, read at each call, so training moves it) and
-    :func:`attnbook.relative_position_bucket`'s buckets, computed once for the ``T + S - 1`` diagonals. Equal to
-    adding ``bias(T, S)`` (queries at the last T of S positions)."""
+def relative_position_score_mod(bias: RelativePositionBias, T: int, S: int | None = None, *,
+                                offset: int | None = None) -> ScoreMod:
+    """T5's relative position bias as a score program: ``score + table[bucket(kv_idx - q_idx - offset), h]``
+    (default ``offset = S - T``: the queries are the last T of S positions), with ``bias``'s learned table
+    (``bias.embedding.weight``, read at each call, so training moves it) and
+    :func:`attnbook.relative_position_bucket`'s buckets, computed once for the ``T + S - 1`` diagonals. Equal
+    to adding ``bias(T, S)``. For these T and S only."""
     from .positional import RelativePositionBias
 
     if not isinstance(bias, RelativePositionBias):
         raise TypeError(f"bias must be an attnbook.RelativePositionBias, got {type(bias).__name__}")
     T = check_int("T", T)
     S = T if S is None else check_int("S", S)
+    off = _offset(T, S, offset)
     table = bias.embedding.weight  # (num_buckets, H)
-    # diagonal d = kv_idx - q_idx + T - 1 in [0, T + S - 2] has relative position kv - (q + S - T) = d - (S - 1)
-    rel = torch.arange(T + S - 1, device=table.device) - (S - 1)  # (T + S - 1,)
+    # diagonal d = kv_idx - q_idx + T - 1 in [0, T + S - 2] has relative position kv - (q + offset) = d - (T - 1) - offset
+    rel = torch.arange(T + S - 1, device=table.device) - (T - 1) - off  # (T + S - 1,)
     buckets = relative_position_bucket(rel, bias.bidirectional, bias.num_buckets, bias.max_distance)
     last = T - 1
 
@@ -583,12 +712,12 @@ def relative_position_score_mod(bias: RelativePositionBias, T: int, S: int | Non
                   kv_idx: torch.Tensor) -> torch.Tensor:
         return score + table[buckets[kv_idx - q_idx + last], h]
 
-    return _named(score_mod, f"t5_relative(T={T}, S={S}, num_buckets={bias.num_buckets})")
+    return _named(score_mod, f"t5_relative(T={T}, S={S}, offset={off}, num_buckets={bias.num_buckets})", T=T, S=S)
 
 
 def soft_cap_score_mod(cap: float) -> ScoreMod:
     """Tanh soft-capping (Gemma 2): ``cap * tanh(score / cap)``, which keeps every score in ``(-cap, cap)``
-    (Gemma 2 caps attention scores at 50). Applied before any mask."""
+    (Gemma 2 caps attention scores at 50). Applied before any mask; reads no position, so any sizes."""
     if isinstance(cap, bool) or not isinstance(cap, Real):
         raise TypeError(f"cap must be a positive number, got {type(cap).__name__} {cap!r}")
     if not math.isfinite(cap) or cap <= 0:
@@ -629,7 +758,10 @@ def make_block_mask(mask_mod: MaskMod, T: int, S: int | None = None, *, B: int =
     """``torch.nn.attention.flex_attention.create_block_mask`` for ``mask_mod``, after checking the program
     (:func:`check_mask_mod`) and the sizes (``block_size`` > 0: ValueError otherwise). ``device`` defaults to
     the CPU (torch's own default is the accelerator, when there is one). RuntimeError without FlexAttention
-    (:func:`flex_available`)."""
+    (:func:`flex_available`). Eagerly, ``create_block_mask`` evaluates ``mask_mod`` into the dense
+    ``(B, H, T, S)`` bool mask (``create_mask``) and sums it by blocks: fine for a chapter's sizes, memory
+    quadratic in T for long sequences, where ``torch.compile(create_block_mask)`` builds it block by block
+    (torch's older ``_compile=True`` flag does that too, and now warns that it is deprecated)."""
     T = check_int("T", T)
     S = T if S is None else check_int("S", S)
     bs = _check_block_size(block_size)
@@ -712,13 +844,16 @@ def silence_unfused_warning() -> Iterator[None]:
 
 def eager_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, score_mod: ScoreMod | None = None,
                          mask_mod: MaskMod | None = None, block_size: int = FLEX_BLOCK_SIZE,
-                         scale: float | None = None) -> torch.Tensor:
-    """``flex_attention(q, k, v, score_mod, block_mask)`` run eagerly, with the block mask made from
-    ``mask_mod`` (:func:`make_block_mask`, on q's device, for q's B and H) and the unfused warning silenced
-    (:func:`silence_unfused_warning`). q ``(B, H, T, D)``, k ``(B, H, S, D)``, v ``(B, H, S, Dv)`` ->
-    out ``(B, H, T, Dv)``; a query row no key is allowed gets a zero output, as in attnbook. Forward only on
-    the CPU: torch's FlexAttention has no CPU backward pass (it raises NotImplementedError when an input
-    requires grad; run under ``torch.no_grad()`` or on a GPU)."""
+                         scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+    """``flex_attention(q, k, v, score_mod, block_mask, enable_gqa=...)`` run eagerly, with the block mask
+    made from ``mask_mod`` (:func:`make_block_mask`, on q's device, for q's B and H, T = q's length and
+    S = k's: one of this module's programs built for other sizes is refused) and the unfused warning
+    silenced (:func:`silence_unfused_warning`). q ``(B, H, T, D)``, k ``(B, Hkv, S, D)``, v
+    ``(B, Hkv, S, Dv)`` -> out ``(B, H, T, Dv)``: Hkv = H, or with ``enable_gqa`` any divisor of H
+    (grouped-query attention: query head h reads key/value head ``h // (H // Hkv)``, as SDPA's
+    ``enable_gqa=True``). A query row no key is allowed gets a zero output, as in attnbook. Whether a
+    backward pass runs on the CPU depends on the torch version (torch 2.13 raises NotImplementedError when an
+    input requires grad; some earlier versions ran one): try it."""
     if not flex_available():
         raise RuntimeError(f"FlexAttention needs torch >= 2.5 with TorchDynamo; this is torch {torch.__version__}")
     from torch.nn.attention.flex_attention import flex_attention
@@ -728,13 +863,25 @@ def eager_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, s
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D (B, H, len, D), got shape {shape_str(t)}")
-    bs = _check_block_size(block_size)
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__} {enable_gqa!r}")
     B, H, T, _ = q.shape
     S = k.shape[-2]
+    if k.shape[:3] != v.shape[:3] or k.shape[0] != B or k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k and v must be (B, Hkv, S, D) and (B, Hkv, S, Dv) for q (B, H, T, D), got q "
+                         f"{shape_str(q)}, k {shape_str(k)}, v {shape_str(v)}")
+    Hkv = k.shape[1]
+    if Hkv != H and not (enable_gqa and H % Hkv == 0):
+        need = "enable_gqa=True, with" if not enable_gqa else "with enable_gqa,"
+        raise ValueError(f"q has H={H} heads and k, v Hkv={Hkv}: {need} Hkv must divide H (q {shape_str(q)}, "
+                         f"k {shape_str(k)})")
+    bs = _check_block_size(block_size)
     block_mask = None
     if mask_mod is not None:
         block_mask = make_block_mask(mask_mod, T, S, B=B, H=H, block_size=bs, device=q.device)
+    if score_mod is not None:
+        _check_sizes(score_mod, T, S)
     with silence_unfused_warning():
-        out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+        out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
     assert isinstance(out, torch.Tensor)
     return out

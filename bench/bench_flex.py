@@ -6,18 +6,20 @@
 
 Dimension legend: B batch (1), H heads (2), T sequence length (= S), D head dim (32).
 
-Two mask programs of :mod:`attnbook.masks` (:data:`PROGRAMS`): causal and a causal sliding window of
-:data:`WINDOW` keys back, each at every T of :data:`T_VALUES`, float32, one thread, under ``torch.no_grad()``.
+Three mask programs (:data:`PROGRAMS`): every pair allowed (``full``: no block skipped, so compiled flex
+against SDPA measures the kernel, not the skipping), and :mod:`attnbook.masks`' causal and causal sliding
+window of :data:`WINDOW` keys back, each at every T of :data:`T_VALUES`, float32, one thread, under ``torch.no_grad()``.
 The calls, timed together (medians of interleaved rounds after a warm-up call, ``attnbook.measure.time_calls``):
 
 * ``dense``: ``attnbook.scaled_dot_product_attention`` with the program's dense bool mask (``dense_mask``);
-* ``sdpa``: ``F.scaled_dot_product_attention``, ``is_causal=True`` for causal, the dense bool mask for the
-  sliding window (SDPA has no sliding-window flag);
+* ``sdpa``: ``F.scaled_dot_product_attention``, no mask for full, ``is_causal=True`` for causal, the dense
+  bool mask for the sliding window (SDPA has no sliding-window flag);
 * ``flex eager``: ``flex_attention(q, k, v, block_mask=...)`` without ``torch.compile`` (the block mask made
   once, outside the timing): unfused, it materialises the (T, S) scores and skips no tile;
 * ``flex compiled``: ``torch.compile(flex_attention, dynamic=False)`` on the same block mask (not with
   ``--quick``). Its first call per (program, T) compiles a kernel: that time is printed and stored
-  separately (``compile_seconds``) and kept out of the medians.
+  separately (``compile_seconds``) and kept out of the medians, with the state of the compile cache it
+  found (``compile_cache``: inductor's FX graph cache hits and misses in this run, "warm" or "cold").
 
 Printed and stored: the medians, the ratios flex eager / dense, flex eager / SDPA and flex compiled / SDPA,
 the share of 128 x 128 tiles the block mask skips (``attnbook.masks.block_mask_stats``), and two checks on
@@ -43,18 +45,26 @@ B, H, D = 1, 2, 32
 WINDOW = 256
 T_VALUES = (1024, 2048)
 T_VALUES_QUICK = (256, 512)
-PROGRAMS = ("causal", "sliding window")
+PROGRAMS = ("full", "causal", "sliding window")
 
 
 def program(name: str, T: int) -> Any:
     """The mask program ``name`` at length T (an ``attnbook.masks`` mask_mod)."""
     from attnbook.masks import causal_mask_mod, sliding_window_mask_mod
 
+    if name == "full":
+        return full_mask_mod
     if name == "causal":
         return causal_mask_mod(T)
     if name == "sliding window":
         return sliding_window_mask_mod(WINDOW, causal=True)
     raise ValueError(f"program must be one of {PROGRAMS}, got {name!r}")
+
+
+def full_mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+    """Every pair allowed: a block mask with every block full, so the compiled kernel skips nothing and calls
+    no mask program; against SDPA without a mask it measures the kernel itself, not the skipping."""
+    return kv_idx >= 0
 
 
 def inputs(T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -85,6 +95,7 @@ def calls(name: str, T: int, compiled: Callable[..., Any] | None) -> dict[str, C
     out: dict[str, Callable[[], object]] = {
         "dense": lambda: attnbook.scaled_dot_product_attention(q, k, v, mask)[0],
         "sdpa": ((lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)) if name == "causal"
+                 else (lambda: F.scaled_dot_product_attention(q, k, v)) if name == "full"
                  else (lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask))),
         "flex eager": eager,
     }
@@ -137,6 +148,25 @@ def fully_masked_rows(compiled: Callable[..., Any] | None) -> dict[str, Any]:
     return result
 
 
+def inductor_cache_state(before: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The state of torch's on-disk compile cache. Without ``before``: the files in inductor's cache folder
+    now (call it before compiling). With it: adds the FX graph cache's hit and miss counts of this process
+    (``torch._dynamo.utils.counters``) and ``state``: "warm" (every compiled graph came from the cache),
+    "cold" (none did) or "partly warm"."""
+    from pathlib import Path
+
+    from torch._dynamo.utils import counters
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    folder = Path(cache_dir())
+    if before is None:
+        return {"cache_dir_files_before": sum(1 for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0}
+    hit, miss = int(counters["inductor"]["fxgraph_cache_hit"]), int(counters["inductor"]["fxgraph_cache_miss"])
+    state = "warm" if hit and not miss else "cold" if not hit else "partly warm"
+    return {"state": state, "fxgraph_cache_hit": hit, "fxgraph_cache_miss": miss,
+            "files_before": before["cache_dir_files_before"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="T = 256, 512, eager only, 3 rounds (a smoke test)")
@@ -164,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
     compile_seconds: dict[str, float] = {}
     compiled_diff: dict[str, float] = {}
+    cache = inductor_cache_state() if compiled is not None else {}
     if compiled is not None:
         for name in PROGRAMS:
             for T in t_values:
@@ -203,8 +234,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fully masked rows, flex {path}: max |output| {m['masked_rows_max_abs']:g}, NaN: {m['any_nan']}; "
                   f"max |diff| from the dense path {m['max_abs_diff_from_dense']:.1e}")
     if compile_seconds:
-        print(f"compile time (first calls, not in the medians): {sum(compile_seconds.values()):.0f} s in all "
-              f"(an on-disk inductor cache from an earlier run shortens it)")
+        cache = inductor_cache_state(cache)
+        print(f"compile time (first calls, not in the medians): {sum(compile_seconds.values()):.0f} s in all; "
+              f"compile cache {cache['state']} (inductor's FX graph cache: {cache['fxgraph_cache_hit']} hits, "
+              f"{cache['fxgraph_cache_miss']} misses; the cache folder held {cache['files_before']} files before)")
     print(f"load average {load} at the start, {common.load_average()} at the end")
 
     if not args.no_save:
@@ -215,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                        "load_average": load},
             "median_seconds": {k: {p: round(s, 6) for p, s in t.items()} for k, t in times.items()},
             "compile_seconds": {k: round(s, 1) for k, s in compile_seconds.items()},
+            "compile_cache": cache,
             "compiled_max_abs_diff_from_dense": compiled_diff,
             "skipped_tile_share": {k: round(s, 4) for k, s in skipped.items()},
             "ratios": rows,

@@ -67,10 +67,10 @@ def print_tables(rows: list[dict[str, Any]], seconds: list[float]) -> None:
               f"{100 * r['waste_fraction']:>8.1f} {r['waste_per_request']:>10.1f} {s:>7.3f}")
     print(f"\nprefix sharing: {r0['shared_requests']} requests found the common prompt cached")
     print(f"{'block':>5} {'peak held':>10} {'shared':>8} {'mean held':>10} {'shared':>8} {'blocks saved (mean)':>20} "
-          f"{'copies':>7}")
+          f"{'hit tokens':>11} {'evictions':>10}")
     for r in rows:
         print(f"{r['block_size']:>5} {r['peak_held']:>10} {r['peak_held_shared']:>8} {r['mean_held']:>10.0f} "
-              f"{r['mean_held_shared']:>8.0f} {r['saved_blocks_mean']:>20.1f} {r['copies']:>7}")
+              f"{r['mean_held_shared']:>8.0f} {r['saved_blocks_mean']:>20.1f} {r['hit_tokens']:>11} {r['evictions']:>10}")
 
 
 def decode_step_calls() -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """The paged KV cache (attnbook.kvcache's BlockPool, PagedKVCache, simulate_requests): a batch of requests of
 different lengths decoded through it gives, token by token, what each request gets from its own contiguous
-KVCache (chapter 9), with GQA and RoPE; freed blocks are reused; a shared prompt is stored once and
-copy-on-write keeps each continuation its own; the allocation simulation matches a step-by-step count.
+KVCache (chapter 9), with GQA and RoPE; freed blocks are reused; prefix caching finds a prompt's full blocks by
+their hashes (freed ones too, until evicted least recently used first); fork's copy-on-write keeps each
+continuation its own; attention over the pages equals the gathered path; the allocation simulation matches a
+step-by-step count.
 
 Dimension legend: B batch, H heads, Hkv key/value heads, T query length, S key length, D head dim, E model dim.
 """
@@ -16,7 +18,14 @@ import pytest
 import torch
 
 from attnbook import KVCache, MultiHeadAttention, apply_rotary, causal_mask, padding_mask
-from attnbook.kvcache import BlockPool, OutOfBlocksError, PagedKVCache, simulate_requests
+from attnbook.kvcache import (
+    BlockPool,
+    OutOfBlocksError,
+    PagedKVCache,
+    paged_attention,
+    prefix_block_hashes,
+    simulate_requests,
+)
 from tests.helpers import randn
 
 TOL = {torch.float64: 1e-12, torch.float32: 1e-6}
@@ -57,14 +66,14 @@ class _PagedRun:
         self.mha, self.cache, self.rope = mha, cache, rope
         self.x: dict = {}
         self.outs: dict = {}
+        self.first: dict = {}  # the first position each request computed (after its cached prefix)
 
     def start(self, seq_id, x, prompt_len, prompt_ids=None):
+        """Prefill: compute and append the part of the prompt that is not found cached (never all of it)."""
         self.x[seq_id] = x
         cached = self.cache.add_sequence(seq_id, prompt_ids)
-        if cached == prompt_len:  # the prompt is shared: its outputs are those of the request that computed it
-            owner = next(s for s in self.outs if s != seq_id and torch.equal(self.x[s][:, :prompt_len], x[:, :prompt_len]))
-            self.outs[seq_id] = [self.outs[owner][0][:, :prompt_len]]
-            return cached
+        assert cached < prompt_len  # the last prompt token is always computed
+        self.first[seq_id] = cached
         q, k, v = _project(self.mha, x[:, cached:prompt_len], cached + torch.arange(prompt_len - cached), self.rope)
         self.cache.append(seq_id, k[0], v[0])  # (Hkv, n, D)
         k_all, v_all = self.cache.gather(seq_id)  # (1, Hkv, prompt_len, D)
@@ -88,7 +97,7 @@ class _PagedRun:
         return self.cache.length(seq_id) == self.x[seq_id].shape[1]
 
     def output(self, seq_id):
-        return torch.cat(self.outs[seq_id], dim=1)  # (1, L, E)
+        return torch.cat(self.outs[seq_id], dim=1)  # (1, L - first, E): the positions it computed
 
 
 def _assert_close(a, b, dtype):
@@ -125,7 +134,7 @@ def test_a_batch_decoded_through_the_paged_cache_equals_each_contiguous_cache(nu
                     run.start("d", x["d"], requests["d"][0])
                     reused = run.cache.block_table("d")
                     active.append("d")
-        assert reused == [a_blocks[-1]]  # the block released last is handed out first
+        assert reused == [a_blocks[0]]  # free releases the last block first: the first block is handed out first
         live = {blk for s in run.cache.seq_ids for blk in run.cache.block_table(s)}
         assert set(a_blocks) <= live  # every block of "a" holds another request's tokens now
         for s, (prompt_len, _) in requests.items():
@@ -149,12 +158,13 @@ def test_a_batch_decoded_through_the_paged_cache_equals_each_contiguous_cache(nu
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("arrive_after", [0, 3])
-@pytest.mark.parametrize("prompt_len", [6, 8])
-def test_a_shared_prompt_is_stored_once_and_copy_on_write_keeps_each_continuation(prompt_len, arrive_after,
-                                                                                  dtype):
-    """Two requests with one prompt and different continuations: the second finds the prompt cached (right after
-    the first's prefill, or after it decoded 3 tokens) and shares its blocks. Each decodes as its own contiguous
-    cache; full prompt blocks stay shared, a partly filled one is copied at the first write into it."""
+@pytest.mark.parametrize("prompt_len", [6, 8, 9])
+def test_prefix_caching_shares_full_prompt_blocks_and_each_continuation_stays_its_own(prompt_len, arrive_after,
+                                                                                     dtype):
+    """Two requests with one prompt and different continuations: the second finds the prompt's full blocks
+    cached (right after the first's prefill, or after it decoded 3 tokens), at most prompt_len - 1 tokens, and
+    computes the rest (its last prompt token always). Each decodes as its own contiguous cache; shared blocks
+    are full, never written again, and no block is ever copied."""
     mha = _mha(2, dtype)
     prompt = randn(1, prompt_len, E, seed=1, dtype=dtype)
     x = {s: torch.cat([prompt, randn(1, 7, E, seed=2 + i, dtype=dtype)], dim=1) for i, s in enumerate("ab")}
@@ -162,39 +172,101 @@ def test_a_shared_prompt_is_stored_once_and_copy_on_write_keeps_each_continuatio
     pool = BlockPool(16, 4, 2, E // H, dtype=dtype)
     cache = PagedKVCache(pool)
     run = _PagedRun(mha, cache, rope=True)
+    found = (prompt_len - 1) // 4 * 4  # full blocks, the last prompt token excluded
     with torch.no_grad():
         assert run.start("a", x["a"], prompt_len, ids) == 0  # nothing cached yet: "a" computes the prompt
         for _ in range(arrive_after):
             run.step(["a"])
-        used_before = cache.used_bytes()
-        assert run.start("b", x["b"], prompt_len, ids) == prompt_len  # "b" shares it
-        prompt_blocks = math.ceil(prompt_len / 4)
-        assert cache.block_table("b") == cache.block_table("a")[:prompt_blocks]
-        assert all(pool.ref_count(b) == 2 for b in cache.block_table("b"))
-        assert cache.used_bytes() == used_before  # the prompt is stored once: "b" added no bytes
-        assert cache.held_bytes() == len(cache.block_table("a")) * pool.bytes_per_block
+        assert run.start("b", x["b"], prompt_len, ids) == found
+        assert cache.block_table("b")[:found // 4] == cache.block_table("a")[:found // 4]
         active = ["a", "b"]
         while active:
             run.step(active)
             active = [s for s in active if not run.done(s)]
         for s in "ab":
-            _assert_close(run.output(s), _contiguous(mha, x[s], prompt_len, rope=True), dtype)
-    full = prompt_len // 4  # full prompt blocks: shared for good; a partly filled one: copied once
+            _assert_close(run.output(s), _contiguous(mha, x[s], prompt_len, rope=True)[:, run.first[s]:], dtype)
+    shared = found // 4
     a, b = cache.block_table("a"), cache.block_table("b")
-    assert a[:full] == b[:full] and all(pool.ref_count(blk) == 2 for blk in a[:full])
-    assert cache.num_copies == (prompt_len % 4 != 0)
-    assert not set(a[full:]) & set(b[full:])
+    assert a[:shared] == b[:shared] and all(pool.ref_count(blk) == 2 for blk in a[:shared])
+    assert not set(a[shared:]) & set(b[shared:]) and cache.num_copies == 0 and cache.num_hit_tokens == found
     total = prompt_len + 7
-    assert cache.used_bytes() == (2 * total - 4 * full) * pool.bytes_per_token  # shared tokens counted once
-    assert cache.held_bytes() == (2 * math.ceil(total / 4) - full) * pool.bytes_per_block
-    assert pool.num_used == 2 * math.ceil(total / 4) - full
+    assert pool.num_used == 2 * math.ceil(total / 4) - shared
+    assert cache.used_bytes() == (2 * total - 4 * shared) * pool.bytes_per_token  # shared tokens counted once
     cache.free("a")  # the shared blocks survive in "b"
-    assert all(pool.ref_count(blk) == 1 for blk in b[:full]) and pool.num_used == math.ceil(total / 4)
+    assert all(pool.ref_count(blk) == 1 for blk in b[:shared]) and pool.num_used == math.ceil(total / 4)
     k, v = cache.gather("b")
     torch.testing.assert_close(k[:, :, :prompt_len], _project(mha, prompt, torch.arange(prompt_len), True)[1],
                                rtol=0, atol=TOL[dtype])
     cache.free("b")
     assert pool.num_free == pool.num_blocks and len(cache) == 0
+    assert pool.num_cached_free == prompt_len // 4  # the prompt's full blocks stay cached, free, for reuse
+
+
+def test_prefix_block_hashes_name_the_whole_prefix():
+    a = prefix_block_hashes([1, 2, 3, 4, 5, 6, 7, 8, 9], 4)
+    assert len(a) == 2 and len(set(a)) == 2  # two full blocks; the 9th token's block is not full: no name
+    assert prefix_block_hashes(torch.tensor([1, 2, 3, 4, 5, 6, 7, 8]), 4) == a
+    b = prefix_block_hashes([0, 2, 3, 4, 5, 6, 7, 8], 4)  # the first block differs ...
+    assert b[0] != a[0] and b[1] != a[1]  # ... so the second block's name differs too, though its tokens agree
+    assert prefix_block_hashes([5, 6, 7, 8], 4)[0] != a[1]  # a block's name depends on what comes before it
+    assert prefix_block_hashes([1, 2, 3], 4) == []
+
+
+def test_freed_prompt_blocks_are_reused_then_evicted_least_recently_used_first():
+    pool = BlockPool(6, 2, 1, 2)
+    cache = PagedKVCache(pool)
+    kv = torch.ones(1, 5, 2)
+    p = [7, 8, 9, 10, 11]  # two full blocks and one token
+    assert cache.add_sequence("a", p) == 0
+    cache.append("a", kv, kv)
+    blocks_a = cache.block_table("a")
+    cache.free("a")
+    assert pool.num_used == 0 and pool.num_cached_free == 2 and pool.num_free == 6
+    assert cache.add_sequence("b", p) == 4 and cache.block_table("b") == blocks_a[:2]  # found after "a" ended
+    assert cache.add_sequence("c", p[:4]) == 2  # a 4-token prompt: its last block is recomputed
+    assert cache.add_sequence("d", [7, 8, 0, 0, 1]) == 2  # a shared first block only: prefixes, not whole prompts
+    cache.free("b")
+    cache.free("c")
+    cache.free("d")
+    q = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]  # 11 tokens: 6 blocks, more than the uncached free blocks
+    cache.add_sequence("e", q)
+    cache.append("e", torch.ones(1, 11, 2), torch.ones(1, 11, 2))
+    assert pool.num_evictions == 2 and pool.num_cached_free == 0
+    cache.free("e")
+    assert cache.add_sequence("f", p) == 0  # evicted: computed again
+    assert cache.add_sequence("g", q) == 10  # e's blocks are cached now
+
+
+def test_paged_attention_reads_the_pages_and_equals_the_gathered_path():
+    """Sequences of lengths around the block size, a single token, a chunk of prefill (T = 3) and decoding
+    (T = 1), GQA (H = 6, Hkv = 2): attention over the pages equals attention over the gathered copy."""
+    g = torch.Generator().manual_seed(0)
+    pool = BlockPool(40, 4, 2, 8, dtype=torch.float64)
+    cache = PagedKVCache(pool)
+    lengths = {"a": 13, "b": 4, "c": 3, "d": 17}
+    for s, n in lengths.items():
+        cache.add_sequence(s)
+        k = torch.randn(2, n, 8, generator=g, dtype=torch.float64) * 4
+        cache.append(s, k, torch.randn(2, n, 8, generator=g, dtype=torch.float64))
+    cache.fork("d", "e", 10)  # shares blocks with d (copy-on-write on its next write)
+    cache.append("e", torch.randn(2, 1, 8, generator=g, dtype=torch.float64), torch.randn(2, 1, 8, generator=g, dtype=torch.float64))
+    ids = ["a", "b", "c", "d", "e"]
+    for T in (1, 3):
+        q = torch.randn(len(ids), 6, T, 8, generator=g, dtype=torch.float64)  # (B, H, T, D)
+        out = paged_attention(q, cache, ids)
+        for i, s in enumerate(ids):
+            k_all, v_all = cache.gather(s)  # (1, Hkv, S, D)
+            S = k_all.shape[2]
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                q[i:i + 1], k_all, v_all, attn_mask=causal_mask(T, S, offset=S - T), enable_gqa=True)
+            err = ((out[i:i + 1] - ref).abs().max() / ref.abs().max()).item()
+            assert err < 1e-12, (s, T, err)
+    with pytest.raises(ValueError, match="caches only 3"):
+        paged_attention(torch.zeros(5, 6, 4, 8, dtype=torch.float64), cache, ids)
+    with pytest.raises(ValueError, match="multiple of Hkv = 2"):
+        paged_attention(torch.zeros(5, 5, 1, 8, dtype=torch.float64), cache, ids)
+    with pytest.raises(TypeError, match="float64"):
+        paged_attention(torch.zeros(5, 6, 1, 8), cache, ids)
 
 
 # ----------------------------------------------------------------------------- the blocks themselves
@@ -228,7 +300,7 @@ def test_append_across_blocks_gather_and_accounting():
     assert pool.num_free == 6 and cache.block_table("req-2") == [1, 2]
     assert cache.add_sequence(8) == 0
     cache.append(8, k[:, :5], v[:, :5])
-    assert cache.block_table(8) == [4, 3]  # the block freed last comes back first
+    assert cache.block_table(8) == [0, 3]  # free releases 4, 3, 0: the block freed last (0) comes back first
     assert "blocks used=4" in repr(cache) and "free=4" in repr(pool)
     empty_k, _ = (cache.add_sequence(9), cache.gather(9))[1]
     assert empty_k.shape == (1, 2, 0, 3)
@@ -336,19 +408,14 @@ def test_errors_name_what_is_wrong():
     assert 5 not in cache  # a refused add_sequence adds nothing
 
 
-def test_prompt_sharing_waits_for_a_prefilled_prompt_and_forgets_freed_ones():
+def test_prompt_blocks_are_found_once_written():
     cache = PagedKVCache(BlockPool(8, 4, 1, 2))
     k = torch.ones(1, 5, 2)
     assert cache.add_sequence("a", [1, 2, 3, 4, 5]) == 0
-    assert cache.add_sequence("b", torch.tensor([1, 2, 3, 4, 5])) == 0  # "a" has not cached the prompt yet
+    assert cache.add_sequence("b", torch.tensor([1, 2, 3, 4, 5])) == 0  # "a" has not written the prompt yet
     cache.append("a", k, k)
-    assert cache.add_sequence("c", (1, 2, 3, 4, 5)) == 5 and cache.block_table("c") == cache.block_table("a")
-    assert cache.add_sequence("d", [1, 2, 3, 4]) == 0  # another prompt (a prefix is not matched)
-    cache.free("a")
-    assert cache.add_sequence("e", [1, 2, 3, 4, 5]) == 5  # "c" holds the prompt now
-    cache.free("c")
-    cache.free("e")
-    assert cache.add_sequence("f", [1, 2, 3, 4, 5]) == 0  # "b" never cached it: computed again
+    assert cache.add_sequence("c", (1, 2, 3, 4, 5)) == 4 and cache.block_table("c") == cache.block_table("a")[:1]
+    assert cache.add_sequence("d", [9, 2, 3, 4, 5]) == 0  # another first block
 
 
 # ----------------------------------------------------------------------------- the simulation
@@ -403,7 +470,7 @@ def test_the_default_stream_holds_less_than_preallocation_and_sharing_saves_bloc
         assert abs(row["waste_per_request"] - (b - 1) / 2) < 0.1 * b  # half a block per request, on average
         assert 0 < row["shared_requests"] <= 400 and row["saved_blocks_mean"] > 0
         assert row["mean_held_shared"] < row["mean_held"] and row["peak_held_shared"] < row["peak_held"]
-        assert row["copies"] == (row["shared_requests"] if 200 % b else 0)  # the partly filled last prompt block
+        assert row["hit_tokens"] == row["shared_requests"] * (199 // b * b)  # full blocks, the last token recomputed
     assert [r["mean_used"] for r in rows] == [rows[0]["mean_used"]] * 5  # one stream for every block size
     waste = [r["waste_fraction"] for r in rows]
     assert waste == sorted(waste) and waste[0] < 0.01 < 0.1 < waste[-1]

@@ -50,6 +50,7 @@ from attnbook.masks import (
     silence_unfused_warning,
     sliding_window_mask_mod,
     soft_cap_score_mod,
+    union_mask_mods,
 )
 from tests.helpers import qkv
 
@@ -72,8 +73,9 @@ def _flex_reference(mask_mod, B, H, T, S):
 
 @pytest.mark.parametrize("T, S", [(12, 12), (8, 13), (13, 8)])
 def test_causal_programs_are_causal_mask(T, S):
-    assert torch.equal(dense_mask(causal_mask_mod(T, S), 2, 3, T, S), causal_mask(T, S).expand(2, 3, T, S))
-    bottom = dense_mask(causal_mask_mod(T, S, bottom_right=True), 1, 1, T, S)[0, 0]
+    top = dense_mask(causal_mask_mod(T, S, offset=0), 2, 3, T, S)
+    assert torch.equal(top, causal_mask(T, S).expand(2, 3, T, S))
+    bottom = dense_mask(causal_mask_mod(T, S), 1, 1, T, S)[0, 0]  # the default: queries are the last T
     assert torch.equal(bottom, causal_mask(T, S, offset=S - T))
     assert bottom[-1].all() and bottom[0].any() == (T <= S)  # more queries than keys: the first see none
 
@@ -82,8 +84,12 @@ def test_causal_programs_are_causal_mask(T, S):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("T, S", [(10, 10), (7, 12), (12, 7)])
 def test_sliding_window_program_is_sliding_window_mask(window, causal, T, S):
-    got = dense_mask(sliding_window_mask_mod(window, causal=causal), 1, 2, T, S)
+    got = dense_mask(sliding_window_mask_mod(window, T, S, causal=causal, offset=0), 1, 2, T, S)
     assert torch.equal(got, sliding_window_mask(T, window, S, causal=causal).expand(1, 2, T, S))
+    got = dense_mask(sliding_window_mask_mod(window, T, S, causal=causal), 1, 2, T, S)  # the last T positions
+    assert torch.equal(got, sliding_window_mask(T, window, S, causal=causal, offset=S - T).expand(1, 2, T, S))
+    if T == S:
+        assert torch.equal(dense_mask(sliding_window_mask_mod(window, causal=causal), 1, 2, T), got)
 
 
 @pytest.mark.parametrize("left", [False, True])
@@ -127,14 +133,16 @@ def test_combined_programs_are_the_and_of_the_masks():
     mod = combine_mask_mods(causal_mask_mod(8), padding_mask_mod([5, 8], 8))
     expected = causal_mask(8) & padding_mask([5, 8], 8)  # (B, 1, T, S)
     assert torch.equal(dense_mask(mod, 2, 1, 8), expected)
-    assert "causal_top_left" in mod.__name__ and "padding" in mod.__name__
+    assert "causal" in mod.__name__ and "padding" in mod.__name__
 
 
 @needs_flex
 @pytest.mark.parametrize("mod", [
-    causal_mask_mod(11, 17, bottom_right=True), sliding_window_mask_mod(3, causal=True),
-    padding_mask_mod([4, 17], 17, left=True), prefix_lm_mask_mod(5),
+    causal_mask_mod(11, 17), causal_mask_mod(11, 17, offset=0), sliding_window_mask_mod(3, 11, 17, causal=True),
+    padding_mask_mod([4, 17], 17, left=True), prefix_lm_mask_mod(5, 11, 17),
+    document_mask_mod(document_ids([6, 4, 7]), 11),
     combine_mask_mods(causal_mask_mod(11, 17), padding_mask_mod([9, 2], 17)),
+    union_mask_mods(sliding_window_mask_mod(2, 11, 17, causal=True), padding_mask_mod([1, 1], 17)),
 ], ids=lambda m: m.__name__)
 def test_dense_mask_is_torchs_create_mask(mod):
     """The broadcasting evaluation gives what torch's vmap over scalar indices gives."""
@@ -175,7 +183,7 @@ def test_programs_equal_hugging_face_mask_functions():
 def test_alibi_program_is_alibi_bias(num_heads, T, S):
     bias = apply_score_mod(alibi_score_mod(num_heads, T, S), torch.zeros(1, num_heads, T, S))  # (1, H, T, S)
     torch.testing.assert_close(bias[0], alibi_bias(num_heads, T, S, causal=False), rtol=0, atol=1e-6)
-    causal = dense_mask(causal_mask_mod(T, S, bottom_right=True), 1, 1, T, S)[0, 0]
+    causal = dense_mask(causal_mask_mod(T, S), 1, 1, T, S)[0, 0]
     reference = alibi_bias(num_heads, T, S)  # causal: blocked keys hold finfo.min
     assert torch.equal(reference > torch.finfo(F32).min / 2, causal.expand(num_heads, T, S))
     torch.testing.assert_close(bias[0][:, causal], reference[:, causal], rtol=0, atol=1e-6)
@@ -218,7 +226,8 @@ def _both(mask=None, score_mod=None, mask_mod=None, *, B=2, H=4, T=64, S=None, D
 @pytest.mark.parametrize("T, S, bottom_right", [(64, 64, False), (48, 80, False), (48, 80, True), (80, 48, False)])
 def test_flex_causal_equals_dense(T, S, bottom_right):
     mask = causal_mask(T, S, offset=S - T if bottom_right else 0)
-    flex, dense = _both(mask, mask_mod=causal_mask_mod(T, S, bottom_right=bottom_right), T=T, S=S, block_size=16)
+    mod = causal_mask_mod(T, S) if bottom_right else causal_mask_mod(T, S, offset=0)
+    flex, dense = _both(mask, mask_mod=mod, T=T, S=S, block_size=16)
     torch.testing.assert_close(flex, dense, rtol=0, atol=TOL)
 
 
@@ -266,7 +275,7 @@ def test_flex_prefix_lm_equals_dense():
 @needs_flex
 @pytest.mark.parametrize("T, S, causal", [(64, 64, True), (32, 96, True), (64, 64, False)])
 def test_flex_alibi_equals_dense(T, S, causal):
-    mask_mod = causal_mask_mod(T, S, bottom_right=True) if causal else None
+    mask_mod = causal_mask_mod(T, S) if causal else None
     flex, dense = _both(alibi_bias(4, T, S, causal=causal), alibi_score_mod(4, T, S), mask_mod, T=T, S=S)
     torch.testing.assert_close(flex, dense, rtol=0, atol=TOL)
 
