@@ -400,3 +400,15 @@ def test_the_books_frames_take_the_static_caption():
     assert ex.caption_text() == "live 1" and ex.caption_text(static=True) == "built 1"
     assert "built 2" in ex.static_html() and "live" not in ex.static_html()
     assert "live 1" in ex.caption_widget.value and "built" not in ex.caption_widget.value
+
+
+def test_dir_lists_the_lazy_names_for_tab_completion():
+    import attnbook
+    import attnbook.explorers
+
+    # The factories and submodules load on first use; dir() (what tab completion reads) must list them anyway.
+    listed = dir(attnbook.explorers)
+    assert set(attnbook.explorers.__all__) <= set(listed), sorted(set(attnbook.explorers.__all__) - set(listed))
+    assert {"vision", "explorers", "testing", "train", "llm_attention"} <= set(dir(attnbook))
+    for name in dir(attnbook.explorers):
+        getattr(attnbook.explorers, name)  # everything listed resolves
