@@ -47,7 +47,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._checks import check_int, check_prob, shape_str
+from ._checks import check_int, check_module_inputs, check_prob, shape_str
 from .layers import TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
 from .masks import causal_mask
 from .tasks.data import Vocab
@@ -187,6 +187,7 @@ class PatchEmbedding(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         _check_images(images)
+        check_module_inputs(self, images=images)
         if tuple(images.shape[1:]) != (self.image_size, self.image_size):
             raise ValueError(
                 f"images must be (B, {self.image_size}, {self.image_size}), got {shape_str(images)}")
@@ -225,6 +226,7 @@ class VisionTransformer(nn.Module):
         return self.embed.grid
 
     def forward(self, images: torch.Tensor, *, need_weights: bool = False) -> Any:
+        check_module_inputs(self, images=_check_images(images))
         x = self.embed(images)  # (B, Th*Tw, E)
         x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)  # (B, T, E), [CLS] first
         if need_weights:
@@ -249,6 +251,7 @@ class MLPClassifier(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         _check_images(images)
+        check_module_inputs(self, images=images)
         return self.net(images.flatten(1))  # (B, C)
 
     def loss(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -280,6 +283,7 @@ class CNNClassifier(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         _check_images(images)
+        check_module_inputs(self, images=images)
         if tuple(images.shape[1:]) != (self.image_size, self.image_size):
             raise ValueError(
                 f"images must be (B, {self.image_size}, {self.image_size}), got {shape_str(images)}")
@@ -431,6 +435,7 @@ class DigitSpeller(nn.Module):
 
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """Images ``(B, Ih, Iw)`` -> patch memory ``(B, Th*Tw, E)``."""
+        check_module_inputs(self, images=_check_images(images))
         memory: torch.Tensor = self.encoder(self.embed(images))
         return memory
 
