@@ -42,7 +42,8 @@ def vit_and_images():
 
 def _pad(ex):
     """The drawing pad under the live widget: (pixel buttons, tool, copy, clear, stored-drawing menu, note)."""
-    note, pad = ex.widget.children[-2:]  # HTML, HBox([pixel grid, VBox([tool, copy, clear, menu])])
+    note, pad = ex.widget.children[-3:-1]  # HTML, HBox([pixel grid, VBox([tool, copy, clear, menu])]), then
+    # the base's stale-kernel hint
     tool, copy, clear, menu = pad.children[1].children
     return pad.children[0].children, tool, copy, clear, menu, note
 
@@ -278,3 +279,29 @@ def test_the_chapters_vit_classifies_most_stored_drawings_and_the_soft_pen_helps
     assert right_soft >= 15 and right_soft >= right_hard
     ex = vit_explorer(vit, x_test, y_test)
     assert ex.data["drawn_score"] == (right_soft, 30)
+
+
+def test_an_empty_pad_says_so_and_predicts_nothing(vit_and_images):
+    vit, x, y = vit_and_images
+    ex = vit_explorer(vit, x, y)
+    pixels, tool, copy, clear, menu, note = _pad(ex)
+    clear.click()
+    assert ex.data["empty"] and ex.values["digit"] == DRAWN
+    caption = ex.caption_text()
+    assert caption.startswith("your drawing is empty: no prediction") and "predicted" not in caption
+    title = ex.figure._suptitle.get_text()
+    assert title.startswith("your drawing is empty: nothing to predict") and "predicted" not in title
+    bars = [b for b in ex.figure.axes[2].patches]
+    assert len({tuple(b.get_facecolor()) for b in bars}) == 1  # no class highlighted
+    pixels[27].click()  # one pixel of ink: a drawing again, and a prediction
+    assert not ex.data["empty"] and "predicted" in ex.caption_text()
+    assert not ex.update(digit=0)["empty"]  # a stored image is never "empty"
+
+
+def test_the_pad_says_that_dragging_draws_nothing_and_wraps_when_narrow(vit_and_images):
+    vit, x, y = vit_and_images
+    ex = vit_explorer(vit, x, y)
+    *_, note = _pad(ex)
+    assert "dragging across the grid draws nothing" in note.value and "report clicks" in note.value
+    pad = ex.widget.children[-2]
+    assert pad.layout.flex_flow == "row wrap" and pad.layout.max_width == "100%"

@@ -96,7 +96,9 @@ def _drawing_pad(explorer: Explorer, drawing: torch.Tensor, stored: tuple[torch.
     grid = W.GridBox(pixels, layout=W.Layout(grid_template_columns=f"repeat({Iw}, 26px)",
                                              grid_gap="1px", width="max-content"))
     text = W.HTML(f'<div style="max-width:44em;line-height:1.35"><b>Draw your own</b>: {html.escape(note)}</div>')
-    return [text, W.HBox([grid, W.VBox([tool, copy, clear, menu], layout=W.Layout(margin="0 0 0 1em"))])]
+    # the buttons go under the grid when the output column is too narrow for both side by side
+    return [text, W.HBox([grid, W.VBox([tool, copy, clear, menu], layout=W.Layout(margin="0 0 0 1em"))],
+                         layout=W.Layout(flex_flow="row wrap", max_width="100%"))]
 
 
 def vit_explorer(model: VisionTransformer, images: torch.Tensor, labels: torch.Tensor,
@@ -137,8 +139,10 @@ def vit_explorer(model: VisionTransformer, images: torch.Tensor, labels: torch.T
     else:
         score, stored = None, (stored[0][:0], stored[1][:0])  # drawn for 8x8 images: none to offer
     note = ("click a pixel to ink it with a soft pen (it also inks its four neighbours half, as blurred as the "
-            "strokes of the 8x8 digits the model learned from; the eraser does the opposite), or start from the "
-            "image on show or a stored drawing. The image choice becomes your drawing.")
+            "strokes of the 8x8 digits the model learned from; the eraser does the opposite), one click per "
+            "pixel: dragging across the grid draws nothing, because the pixels are ipywidgets buttons, which "
+            "report clicks and not the mouse passing over them. Or start from the image on show or a stored "
+            "drawing. The image choice becomes your drawing.")
     if score is not None:
         note += (f" This model classifies {score[0]} of the {score[1]} stored drawings right (attnbook.vision."
                  f"HAND_DRAWN, {len(HAND_DRAWN) // 10} of each digit, drawn by hand on this grid).")
@@ -154,7 +158,8 @@ def vit_explorer(model: VisionTransformer, images: torch.Tensor, labels: torch.T
             image, ws = images[i], [w[i : i + 1] for w in weights]  # N x (1, H, T, T)
             label, probs = int(labels[i]), probabilities[i]
         att = cls_attention(ws, layer, head, view, grid)  # (Th, Tw)
-        return {"digit": digit, "layer": layer, "head": head, "view": view, "image": image,
+        empty = digit == DRAWN and not bool((image > 0).any())  # a blank grid: nothing to classify
+        return {"digit": digit, "empty": empty, "layer": layer, "head": head, "view": view, "image": image,
                 "attention": att, "per_pixel": att.repeat_interleave(p, 0).repeat_interleave(p, 1),
                 "label": label, "probabilities": probs, "prediction": int(probs.argmax()),
                 "on_patches": float(att.sum()), "drawn_score": score}
@@ -210,16 +215,23 @@ def vit_explorer(model: VisionTransformer, images: torch.Tensor, labels: torch.T
             text.set_color(text_color_on(cmap(w / top)))
         for c, bar in enumerate(art["bars"]):
             bar.set_height(float(d["probabilities"][c]))
-            bar.set_color("tab:blue" if c == d["prediction"] else "0.7")
+            bar.set_color("tab:blue" if c == d["prediction"] and not d["empty"] else "0.7")
         truth = "your drawing" if d["label"] is None else f"true class {d['label']}"
         art["p_title"].set_text(f"probability of each class ({truth})")
         which = "rollout through layers 0.." + str(d["layer"]) if d["view"] == "rollout" else (
             f"layer {d['layer']}, " + ("mean of the heads" if d["head"] == "mean" else f"head {d['head']}"))
         what = "your drawing" if d["label"] is None else f"a {d['label']}"
-        art["title"].set_text(f"{what}, predicted {d['prediction']} "
-                              f"({float(d['probabilities'][d['prediction']]):.0%}): {which}")
+        if d["empty"]:
+            art["title"].set_text(f"your drawing is empty: nothing to predict: {which}")
+        else:
+            art["title"].set_text(f"{what}, predicted {d['prediction']} "
+                                  f"({float(d['probabilities'][d['prediction']]):.0%}): {which}")
 
     def caption(d: dict) -> str:
+        if d["empty"]:
+            return (f"your drawing is empty: no prediction (the bars are what a blank image gives, "
+                    f"{float(d['probabilities'].max()):.2f} for class {d['prediction']}, a guess from no ink at "
+                    "all); draw on the grid below")
         what = "your drawing" if d["label"] is None else f"digit {d['label']}"
         return (f"{what} (predicted {d['prediction']}, probability {float(d['probabilities'].max()):.2f}); "
                 f"{d['view']} attention of [CLS]; share of its weight on the patches: {d['on_patches']:.2f}")
