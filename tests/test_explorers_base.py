@@ -108,7 +108,11 @@ def test_widget_drives_the_explorer():
     assert "a is 1" in caption.value
     ex.update(b="down")  # and the other way round: update() moves the widget
     assert controls["b"].value == "down"
-    assert box.children[-3] is image and box.children[-2] is caption  # then the stale-kernel hint
+    assert box.children[-3].children == (image,) and box.children[-2] is caption  # then the stale-kernel hint
+    # in a narrow output the image keeps at least 90% of its size and its box scrolls sideways
+    assert image.layout.max_width == "100%" and box.children[-3].layout.overflow == "auto hidden"
+    width = int(image.layout.width.removesuffix("px"))
+    assert width == 80 and image.layout.min_width == f"{round(0.9 * width)}px"  # 2 inches at 40 dpi
     assert ex.image_widget is image and ex.widget is box  # built once
 
 

@@ -101,6 +101,7 @@ __all__ = [
     "COLAB_FALLBACK",
     "WIDGET_VIEW_MIME",
     "LIVE_SCALE",
+    "LIVE_MIN_SHARE",
     "STATIC_ENV",
     "LIVE_NOTE",
     "STALE_HINT",
@@ -111,9 +112,13 @@ __all__ = [
 
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 # The live widget's image has LIVE_SCALE device pixels per CSS pixel (sharp on a high-density screen) and is
-# shown at the figure's own size in CSS pixels (inches x its dpi), at most the output's width. The book's
+# shown at the figure's own size in CSS pixels (inches x its dpi), at most the output's width but never under
+# LIVE_MIN_SHARE of that size: in a narrower output column (a 700 px window with JupyterLab's file browser
+# open leaves 332 px) it keeps its text at 9 px or more and scrolls sideways in its box instead of shrinking
+# to half. (The kernel cannot learn the column's width with core widgets, so no figure is laid out for it.) The book's
 # scrubber frames stay at the figure's dpi: twice the pixels would double the chapters' size.
 LIVE_SCALE = 2
+LIVE_MIN_SHARE = 0.9
 # Under Colab the live widget is shown with a plain display(widget); this goes under it, holding the static
 # scrubber (the frames the book shows), folded: it stays usable when Colab's widget manager fails.
 COLAB_FALLBACK = ('<details class="attnbook-fallback" style="margin-top:4px"><summary style="cursor:pointer;'
@@ -728,9 +733,12 @@ class Explorer:
             import ipywidgets as W
 
             self._controls_w = {c.name: c.make_widget() for c in self.controls}
-            # shown at the figure's size (set by _refresh_widget), never stretched to the output's width
+            # shown at the figure's size (set by _refresh_widget), never stretched to the output's width, and
+            # in a narrow output at LIVE_MIN_SHARE of it at least, in a box that scrolls sideways
             self._image_w = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto",
                                                                   align_self="flex-start"))
+            image_box = W.Box([self._image_w], layout=W.Layout(max_width="100%", overflow="auto hidden",
+                                                               flex="0 0 auto"))
             self._caption_w = W.HTML()
             stale = W.HTML(f'<div class="attnbook-stale-hint" style="color:#777;font-size:85%;line-height:1.3">'
                            f'{html.escape(STALE_HINT)}</div>', layout=W.Layout(max_width="100%"))
@@ -749,7 +757,7 @@ class Explorer:
                     rows.append(w)
             title = W.HTML(f"<b>{html.escape(self.title)}</b>")
             extra = list(self.extras(self)) if self.extras is not None else []
-            self._widget = W.VBox([title, *rows, self._image_w, self._caption_w, *extra, stale],
+            self._widget = W.VBox([title, *rows, image_box, self._caption_w, *extra, stale],
                                   layout=W.Layout(max_width="100%"))
             self.update()  # the figure again, at the live scale
         return self._widget
@@ -804,6 +812,7 @@ class Explorer:
         width, _ = getattr(self.figure, "_attnbook_css_px", _css_size(self.figure, self.figure.dpi / LIVE_SCALE))
         if self._image_w.layout.width != f"{width}px":
             self._image_w.layout.width = f"{width}px"
+            self._image_w.layout.min_width = f"{round(LIVE_MIN_SHARE * width)}px"
         self._image_w.value = figure_png(self.figure)
         self._caption_w.value = f'<div style="line-height:1.4">{html.escape(self.caption_text())}</div>'
 

@@ -94,7 +94,7 @@ def _drawing_pad(explorer: Explorer, drawing: torch.Tensor, stored: tuple[torch.
     copy.on_click(lambda _: set_all(explorer.data["image"].clone()))
     clear.on_click(lambda _: set_all(torch.zeros(Ih, Iw)))
     grid = W.GridBox(pixels, layout=W.Layout(grid_template_columns=f"repeat({Iw}, 26px)",
-                                             grid_gap="1px", width="max-content"))
+                                             grid_gap="1px", width="max-content", flex="0 0 auto"))
     text = W.HTML(f'<div style="max-width:44em;line-height:1.35"><b>Draw your own</b>: {html.escape(note)}</div>')
     # the buttons go under the grid when the output column is too narrow for both side by side
     return [text, W.HBox([grid, W.VBox([tool, copy, clear, menu], layout=W.Layout(margin="0 0 0 1em"))],
