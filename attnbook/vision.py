@@ -75,6 +75,8 @@ __all__ = [
     "accuracy",
     "BRUSH",
     "paint",
+    "paint_line",
+    "line_pixels",
     "HAND_DRAWN",
     "hand_drawn_digits",
 ]
@@ -599,6 +601,25 @@ def paint(image: torch.Tensor, row: int, col: int, *, erase: bool = False,
     stamp[row : row + k, col : col + k] = brush.to(image.dtype)
     stamp = stamp[r : r + Ih, r : r + Iw]  # (Ih, Iw), the brush centred on (row, col)
     return (image - stamp).clamp_min(0.0) if erase else torch.maximum(image, stamp)
+
+
+def line_pixels(start: tuple[int, int], end: tuple[int, int]) -> list[tuple[int, int]]:
+    """The pixels ``(row, col)`` of a straight stroke from ``start`` to ``end``, both included: one per step
+    along the longer of the two directions, the other coordinate rounded (a digital line, as Bresenham's)."""
+    (r0, c0), (r1, c1) = start, end
+    steps = max(abs(r1 - r0), abs(c1 - c0))
+    if steps == 0:
+        return [(r0, c0)]
+    return [(round(r0 + (r1 - r0) * i / steps), round(c0 + (c1 - c0) * i / steps)) for i in range(steps + 1)]
+
+
+def paint_line(image: torch.Tensor, start: tuple[int, int], end: tuple[int, int], *, erase: bool = False,
+               brush: torch.Tensor = BRUSH) -> torch.Tensor:
+    """:func:`paint` at every pixel of the straight stroke from ``start`` to ``end`` (:func:`line_pixels`):
+    what dragging the pen across the pad would draw, in two clicks."""
+    for row, col in line_pixels(start, end):
+        image = paint(image, row, col, erase=erase, brush=brush)
+    return image
 
 
 HAND_DRAWN: tuple[tuple[int, str], ...] = (

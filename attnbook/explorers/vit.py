@@ -20,14 +20,14 @@ import torch
 from matplotlib.figure import Figure
 
 from ..plotting import text_color_on
-from ..vision import HAND_DRAWN, VisionTransformer, cls_attention, hand_drawn_digits, paint
+from ..vision import HAND_DRAWN, VisionTransformer, cls_attention, hand_drawn_digits, paint, paint_line
 from .base import Control, Explorer
 
 __all__ = ["vit_explorer", "DRAWN", "PAD_TOOLS"]
 
 # the image choice that shows the reader's own drawing (live only: the book's scrubber has no grid to draw on)
 DRAWN = "drawn"
-PAD_TOOLS = ("pen", "eraser")  # what a click on the drawing grid does
+PAD_TOOLS = ("pen", "line", "eraser")  # what a click on the drawing grid does ("line": two clicks, its two ends)
 _TINT = (0.84, 0.15, 0.16)  # the attention's colour over the digit (tab:red)
 
 
@@ -53,8 +53,17 @@ def _drawing_pad(explorer: Explorer, drawing: torch.Tensor, stored: tuple[torch.
     tool = W.ToggleButtons(options=list(PAD_TOOLS), value=PAD_TOOLS[0], description="click to",
                            layout=W.Layout(display="flex", flex_flow="row wrap", align_items="center"),
                            style={"description_width": "initial", "button_width": "auto"},
-                           tooltips=["ink the pixel, and its four neighbours half", "clear the pixel, and "
-                                     "lighten its four neighbours by half"])
+                           tooltips=["ink the pixel, and its four neighbours half", "click where a stroke "
+                                     "starts, then where it ends: the pen along the straight line between",
+                                     "clear the pixel, and lighten its four neighbours by half"])
+    start: list[tuple[int, int]] = []  # the line tool's first end, between its two clicks
+    status = W.HTML("")
+
+    def on_tool(_: Any) -> None:
+        start.clear()
+        status.value = ""
+
+    tool.observe(on_tool, names="value")
 
     def paint_grid() -> None:
         for i, button in enumerate(pixels):
@@ -62,7 +71,16 @@ def _drawing_pad(explorer: Explorer, drawing: torch.Tensor, stored: tuple[torch.
 
     def on_pixel(i: int) -> Any:
         def handler(_: Any) -> None:
-            drawing.copy_(paint(drawing, i // Iw, i % Iw, erase=tool.value == "eraser"))
+            here = (i // Iw, i % Iw)
+            if tool.value == "line" and start:
+                drawing.copy_(paint_line(drawing, start.pop(), here))
+                status.value = ""
+            else:
+                drawing.copy_(paint(drawing, *here, erase=tool.value == "eraser"))
+                if tool.value == "line":
+                    start.append(here)
+                    status.value = (f'<span style="color:#555">line from row {here[0]}, column {here[1]}: '
+                                    'click where it ends</span>')
             paint_grid()
             explorer.update(digit=DRAWN)
         return handler
@@ -97,7 +115,7 @@ def _drawing_pad(explorer: Explorer, drawing: torch.Tensor, stored: tuple[torch.
                                              grid_gap="1px", width="max-content", flex="0 0 auto"))
     text = W.HTML(f'<div style="max-width:44em;line-height:1.35"><b>Draw your own</b>: {html.escape(note)}</div>')
     # the buttons go under the grid when the output column is too narrow for both side by side
-    return [text, W.HBox([grid, W.VBox([tool, copy, clear, menu], layout=W.Layout(margin="0 0 0 1em"))],
+    return [text, W.HBox([grid, W.VBox([tool, copy, clear, menu, status], layout=W.Layout(margin="0 0 0 1em"))],
                          layout=W.Layout(flex_flow="row wrap", max_width="100%"))]
 
 
@@ -139,10 +157,10 @@ def vit_explorer(model: VisionTransformer, images: torch.Tensor, labels: torch.T
     else:
         score, stored = None, (stored[0][:0], stored[1][:0])  # drawn for 8x8 images: none to offer
     note = ("click a pixel to ink it with a soft pen (it also inks its four neighbours half, as blurred as the "
-            "strokes of the 8x8 digits the model learned from; the eraser does the opposite), one click per "
-            "pixel: dragging across the grid draws nothing, because the pixels are ipywidgets buttons, which "
-            "report clicks and not the mouse passing over them. Or start from the image on show or a stored "
-            "drawing. The image choice becomes your drawing.")
+            "strokes of the 8x8 digits the model learned from; the eraser does the opposite). Dragging across "
+            "the grid draws nothing: the pixels are ipywidgets buttons, which report clicks, not the mouse "
+            "passing over them. For a stroke, pick \"line\" and click its two ends. Or start from the image on "
+            "show or a stored drawing. The image choice becomes your drawing.")
     if score is not None:
         note += (f" This model classifies {score[0]} of the {score[1]} stored drawings right (attnbook.vision."
                  f"HAND_DRAWN, {len(HAND_DRAWN) // 10} of each digit, drawn by hand on this grid).")
