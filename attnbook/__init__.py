@@ -131,3 +131,8 @@ def __getattr__(name: str) -> Any:
 
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # The lazy submodules are not in the namespace until first use: list them so that tab completion shows them.
+    return sorted(set(globals()) | _LAZY)

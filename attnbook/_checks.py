@@ -14,7 +14,7 @@ from numbers import Real
 
 import torch
 
-__all__ = ["check_int", "check_prob", "shape_str"]
+__all__ = ["check_int", "check_prob", "shape_str", "check_module_inputs"]
 
 
 def check_int(name: str, value: object, minimum: int | None = 1, maximum: int | None = None) -> int:
@@ -48,3 +48,38 @@ def check_prob(name: str, value: object) -> float:
 def shape_str(t: torch.Tensor) -> str:
     """A tensor's shape as messages write it: ``"(2, 5, 8)"`` (``"()"`` for a scalar)."""
     return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+def check_module_inputs(module: torch.nn.Module, **inputs: object) -> None:
+    """Each floating-point tensor in ``inputs`` (name -> tensor; ``None`` and integer tensors such as token
+    ids are skipped, and a tensor given under two names is named once) must have the dtype and the device of ``module``'s floating-point parameters.
+
+    ``TypeError`` naming every input of another dtype, the module's dtype and the two ways to fix it (a
+    float64 tensor into a float32 module would otherwise stop in torch's matmul with "mat1 and mat2 must
+    have the same dtype", which names neither the argument nor the module); ``ValueError`` for another
+    device. A module without floating-point parameters accepts anything.
+    """
+    param = next((p for p in module.parameters() if p.is_floating_point()), None)
+    if param is None:
+        return
+    given: dict[str, torch.Tensor] = {}
+    for name, t in inputs.items():  # one tensor passed twice (key defaulting to query) is named once
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and all(t is not u for u in given.values()):
+            given[name] = t
+    owner = type(module).__name__
+    wrong = {name: t for name, t in given.items() if t.dtype != param.dtype}
+    if wrong:
+        got = ", ".join(f"{name} is {t.dtype}" for name, t in wrong.items())
+        first = next(iter(wrong))
+        raise TypeError(
+            f"{got}, but {owner}'s parameters are {param.dtype}: cast the input "
+            f"({first}.to({param.dtype})) or the module (module.to({wrong[first].dtype}))"
+        )
+    away = {name: t for name, t in given.items() if t.device != param.device}
+    if away:
+        got = ", ".join(f"{name} is on {t.device}" for name, t in away.items())
+        first = next(iter(away))
+        raise ValueError(
+            f"{got}, but {owner}'s parameters are on {param.device}: move the input "
+            f"({first}.to('{param.device}')) or the module (module.to('{next(iter(away.values())).device}'))"
+        )

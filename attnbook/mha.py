@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._checks import check_int, check_prob, shape_str
+from ._checks import check_int, check_module_inputs, check_prob, shape_str
 from ._compat import SDPA_HAS_GQA, SDPA_SAFE_SOFTMAX
 from .core import check_mask, check_scale, fully_masked_rows, masked_softmax, scaled_dot_product_attention
 
@@ -132,6 +132,8 @@ class MultiHeadAttention(nn.Module):
     def _check_input(self, name: str, x: torch.Tensor, width: int) -> None:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor (B, length, {width}), got {x.dtype}")
         if x.dim() != 3 or x.shape[-1] != width:
             raise ValueError(f"{name} must be (B, length, {width}) (batch-first), got {shape_str(x)}")
 
@@ -148,6 +150,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"key {shape_str(key)} and value {shape_str(value)} must share (B, S)")
         if query.shape[0] != key.shape[0]:
             raise ValueError(f"query {shape_str(query)} and key {shape_str(key)} must share the batch size B")
+        check_module_inputs(self, query=query, key=key, value=value)
         q = split_heads(self.q_proj(query), self.num_heads)  # (B, H, T, D)
         k = split_heads(self.k_proj(key), self.num_kv_heads)  # (B, Hkv, S, D)
         v = split_heads(self.v_proj(value), self.num_kv_heads)  # (B, Hkv, S, D)

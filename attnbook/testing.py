@@ -20,8 +20,9 @@ where a convention is measured (the scale, the causal alignment, the RoPE
 pairing, the ALiBi slopes), the other checks use the measured one, so that one
 bug lights up the invariant that names it rather than all of them.
 
-Those lines run short sequences (at most nine keys), scores of order one and
-fresh, contiguous tensors. Four more take the checks where real models go:
+Those lines run short sequences (at most nine keys, down to a single query and
+a single key, as a decoding step, a one-token input or one memory token give),
+scores of order one and fresh, contiguous tensors. Four more take the checks where real models go:
 ``long_keys`` (:data:`LONG_KEY_LENGTHS`, 129, 200 and 257 keys, past and ragged
 against the tiles of a tiled kernel, :data:`TILE_SIZES`; values and gradients,
 and a module's cached decoding after 199 tokens), ``large_logits`` (float32 with scores in the hundreds, where a softmax
@@ -623,8 +624,15 @@ def _module_spec(module: nn.Module) -> _Spec | None:
 # The invariants. Each returns (status, detail, measured, tolerance).
 # ---------------------------------------------------------------------------
 
-# (B, Hkv, T, S, D): T == S, T < S, T > S, a single query, odd sizes
-_SHAPES = ((2, 2, 5, 5, 8), (1, 3, 4, 7, 6), (2, 1, 7, 3, 5), (1, 2, 1, 9, 4), (3, 5, 6, 6, 3), (1, 1, 6, 6, 10))
+# (B, Hkv, T, S, D): T == S, T < S, T > S, a single query (a decoding step), a single key (cross-attention to
+# one memory token), one query and one key (the first token of a sequence), odd sizes
+_SHAPES = ((2, 2, 5, 5, 8), (1, 3, 4, 7, 6), (2, 1, 7, 3, 5), (1, 2, 1, 9, 4), (2, 2, 3, 1, 4), (1, 2, 1, 1, 8),
+           (3, 5, 6, 6, 3), (1, 1, 6, 6, 10))
+# a module's (B, T) for the first line (self-attention: a one-token input among them), and its cross-attention
+# cases (B, T, S, the memory's real lengths): a padded memory, one query over it (the first decoding step of an
+# encoder-decoder), one memory token
+_MODULE_SHAPES = ((2, 5), (1, 1), (3, 7))
+_CROSS_SHAPES = ((2, 5, 7, (7, 4)), (3, 1, 7, (7, 3, 1)), (2, 4, 1, (1, 1)))
 
 
 def _na(detail: str) -> _Outcome:
@@ -643,11 +651,12 @@ def _check_sdpa(c: _Checker) -> _Outcome:
     cases: list[tuple[int, ...]]
     inputs: tuple[torch.Tensor, ...]
     ref_inputs: tuple[torch.Tensor, ...]
-    worst, grad_worst, raised, n, grads = 0.0, 0.0, None, 0, "values and gradients"
+    worst, raised, n, grads = 0.0, None, 0, "values and gradients"
+    worst_case: tuple[int, ...] = ()
     if c.is_module:
         if c.spec is None:
             return _na("the module exposes no q_proj/k_proj/v_proj/out_proj weights")
-        cases = [(B, T, T) for B, T in ((2, 5), (1, 1), (3, 7))]
+        cases = [(B, T, T) for B, T in _MODULE_SHAPES]
     else:
         # a causal or ALiBi function puts its queries at positions it chooses when T > S, and a RoPE
         # function rotates queries and keys by their own index: those get the shapes without ambiguity
@@ -677,25 +686,33 @@ def _check_sdpa(c: _Checker) -> _Outcome:
                     ref = c.reference(qr, kr, vr, mask)
                     inputs, ref_inputs = (q, k, v), (qr, kr, vr)
                 n += 1
-                worst = max(worst, _maxdiff(out, ref))
+                case_err = _maxdiff(out, ref)
                 if out.requires_grad:
                     cot = c.randn(g, *out.shape)
                     got = torch.autograd.grad(out, inputs, cot, allow_unused=True)
                     want = torch.autograd.grad(ref, ref_inputs, cot.to(torch.float64))
                     for a, b in zip(got, want):
-                        grad_worst = max(grad_worst, math.inf if a is None else _maxdiff(a, b))
+                        case_err = max(case_err, math.inf if a is None else _maxdiff(a, b))
                 else:
                     grads = "values; not differentiable, so no gradients"
+                if case_err > max(worst, tol):
+                    worst_case = case
+                worst = max(worst, case_err)
             except Exception as exc:  # noqa: BLE001 (any failure of the user's code is a finding)
                 raised = raised or (exc, case)
     what = f"{n} cases, {grads}"
+
+    def shape(case: tuple[int, ...]) -> str:
+        return f"x (B={case[0]}, T={case[1]})" if c.is_module else \
+            f"q (B={case[0]}, H={case[1]}, T={case[2]}, D={case[4]}), S={case[3]}"
+
     if raised:
         first_exc, case = raised
-        shape = f"x (B={case[0]}, T={case[1]})" if c.is_module else \
-            f"q (B={case[0]}, H={case[1]}, T={case[2]}, D={case[4]}), S={case[3]}"
-        prefix = f"max |diff| = {_num(max(worst, grad_worst))}; " if n and max(worst, grad_worst) > tol else ""
-        return "violated", f"{prefix}{_raised(first_exc)} on {shape}", math.inf, tol
-    status, detail, err, _ = _held_or_violated(max(worst, grad_worst), tol)
+        prefix = f"max |diff| = {_num(worst)}; " if n and worst > tol else ""
+        return "violated", f"{prefix}{_raised(first_exc)} on {shape(case)}", math.inf, tol
+    status, detail, err, _ = _held_or_violated(worst, tol)
+    if status == "violated":
+        detail += f" (worst on {shape(worst_case)})"
     return status, f"{detail}, {what}", err, tol
 
 
@@ -1085,19 +1102,25 @@ def _check_cross(c: _Checker) -> _Outcome:
     if c.spec is None:
         return _na("the module exposes no projection weights")
     tol = c.tol
-    g = c.gen(100)
-    B, T, S = 2, 5, 7
-    x = c.randn(g, B, T, c.spec["E"])
-    memory = c.randn(g, B, S, c.spec["kdim"])
-    mask = _random_padding(g, B, S)
-    try:
-        with torch.no_grad():
-            out, _ = c.run_module(x, memory, mask=mask)
-    except Exception as exc:  # noqa: BLE001
-        return "violated", f"{_raised(exc)} (T = {T}, S = {S})", math.inf, tol
-    ref = c.module_reference(x, memory, mask, scale=(c.measured_scale or 1.0) / math.sqrt(c.spec["D"]))
-    status, detail, err, _ = _held_or_violated(_maxdiff(out, ref), tol)
-    return status, f"{detail}, T = {T}, S = {S}, key padding", err, tol
+    worst, where = 0.0, ""
+    for i, (B, T, S, lengths) in enumerate(_CROSS_SHAPES):
+        g = c.gen(100 + i)
+        x = c.randn(g, B, T, c.spec["E"])
+        memory = c.randn(g, B, S, c.spec["kdim"])
+        mask = _masks.padding_mask(torch.tensor(lengths), S)  # (B, 1, 1, S)
+        try:
+            with torch.no_grad():
+                out, _ = c.run_module(x, memory, mask=mask)
+        except Exception as exc:  # noqa: BLE001
+            return "violated", f"{_raised(exc)} (T = {T}, S = {S})", math.inf, tol
+        ref = c.module_reference(x, memory, mask, scale=(c.measured_scale or 1.0) / math.sqrt(c.spec["D"]))
+        err = _maxdiff(out, ref)
+        if err > worst or not where:
+            worst, where = err, f"T = {T}, S = {S}"
+    shown = "; ".join(f"T = {T}, S = {S}" for _, T, S, _ in _CROSS_SHAPES)
+    if worst <= tol:
+        return "held", f"max |diff| < {_bound(tol)}, key padding; {shown}", worst, tol
+    return "violated", f"max |diff| = {_num(worst)} at {where}, key padding", worst, tol
 
 
 def _check_kv_cache(c: _Checker) -> _Outcome:
@@ -1123,10 +1146,13 @@ def _check_kv_cache(c: _Checker) -> _Outcome:
             steps = [c.run_module(x[:, :3], mask=mask(3, 3), cache=cache)[0],  # prefill 3 tokens
                      c.run_module(x[:, 3:5], mask=mask(2, 5), cache=cache)[0]]  # a chunk of 2
             steps += [c.run_module(x[:, t:t + 1], cache=cache)[0] for t in (5, 6)]  # one token at a time
+            cache = c.cache_factory()  # a one-token prompt: the first step sees a single key
+            first = [c.run_module(x[:, t:t + 1], cache=cache)[0] for t in range(3)]
     except Exception as exc:  # noqa: BLE001
         return "violated", _raised(exc), math.inf, tol
-    status, detail, err, _ = _held_or_violated(_maxdiff(torch.cat(steps, dim=1), full), tol)
-    return status, f"{detail}; prefill 3, a chunk of 2, then 1 + 1", err, tol
+    worst = max(_maxdiff(torch.cat(steps, dim=1), full), _maxdiff(torch.cat(first, dim=1), full[:, :3]))
+    status, detail, err, _ = _held_or_violated(worst, tol)
+    return status, f"{detail}; prefill 3, a chunk of 2, then 1 + 1; and from one token, 1 + 1 + 1", err, tol
 
 
 def _check_deterministic(c: _Checker) -> _Outcome:

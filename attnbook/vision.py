@@ -47,7 +47,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._checks import check_int, check_prob, shape_str
+from ._checks import check_int, check_module_inputs, check_prob, shape_str
 from .layers import TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
 from .masks import causal_mask
 from .tasks.data import Vocab
@@ -75,6 +75,8 @@ __all__ = [
     "accuracy",
     "BRUSH",
     "paint",
+    "paint_line",
+    "line_pixels",
     "HAND_DRAWN",
     "hand_drawn_digits",
 ]
@@ -187,6 +189,7 @@ class PatchEmbedding(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         _check_images(images)
+        check_module_inputs(self, images=images)
         if tuple(images.shape[1:]) != (self.image_size, self.image_size):
             raise ValueError(
                 f"images must be (B, {self.image_size}, {self.image_size}), got {shape_str(images)}")
@@ -225,6 +228,7 @@ class VisionTransformer(nn.Module):
         return self.embed.grid
 
     def forward(self, images: torch.Tensor, *, need_weights: bool = False) -> Any:
+        check_module_inputs(self, images=_check_images(images))
         x = self.embed(images)  # (B, Th*Tw, E)
         x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)  # (B, T, E), [CLS] first
         if need_weights:
@@ -249,6 +253,7 @@ class MLPClassifier(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         _check_images(images)
+        check_module_inputs(self, images=images)
         return self.net(images.flatten(1))  # (B, C)
 
     def loss(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -280,6 +285,7 @@ class CNNClassifier(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         _check_images(images)
+        check_module_inputs(self, images=images)
         if tuple(images.shape[1:]) != (self.image_size, self.image_size):
             raise ValueError(
                 f"images must be (B, {self.image_size}, {self.image_size}), got {shape_str(images)}")
@@ -431,6 +437,7 @@ class DigitSpeller(nn.Module):
 
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """Images ``(B, Ih, Iw)`` -> patch memory ``(B, Th*Tw, E)``."""
+        check_module_inputs(self, images=_check_images(images))
         memory: torch.Tensor = self.encoder(self.embed(images))
         return memory
 
@@ -594,6 +601,25 @@ def paint(image: torch.Tensor, row: int, col: int, *, erase: bool = False,
     stamp[row : row + k, col : col + k] = brush.to(image.dtype)
     stamp = stamp[r : r + Ih, r : r + Iw]  # (Ih, Iw), the brush centred on (row, col)
     return (image - stamp).clamp_min(0.0) if erase else torch.maximum(image, stamp)
+
+
+def line_pixels(start: tuple[int, int], end: tuple[int, int]) -> list[tuple[int, int]]:
+    """The pixels ``(row, col)`` of a straight stroke from ``start`` to ``end``, both included: one per step
+    along the longer of the two directions, the other coordinate rounded (a digital line, as Bresenham's)."""
+    (r0, c0), (r1, c1) = start, end
+    steps = max(abs(r1 - r0), abs(c1 - c0))
+    if steps == 0:
+        return [(r0, c0)]
+    return [(round(r0 + (r1 - r0) * i / steps), round(c0 + (c1 - c0) * i / steps)) for i in range(steps + 1)]
+
+
+def paint_line(image: torch.Tensor, start: tuple[int, int], end: tuple[int, int], *, erase: bool = False,
+               brush: torch.Tensor = BRUSH) -> torch.Tensor:
+    """:func:`paint` at every pixel of the straight stroke from ``start`` to ``end`` (:func:`line_pixels`):
+    what dragging the pen across the pad would draw, in two clicks."""
+    for row, col in line_pixels(start, end):
+        image = paint(image, row, col, erase=erase, brush=brush)
+    return image
 
 
 HAND_DRAWN: tuple[tuple[int, str], ...] = (

@@ -105,3 +105,17 @@ def test_one_device_list():
     assert default_device() == torch.device(best)
     control = device_control()
     assert control.values == devices and control.default == "cpu" and control.static == ["cpu"]
+
+
+def test_check_module_inputs():
+    from attnbook._checks import check_module_inputs
+
+    lin = torch.nn.Linear(3, 3)
+    x = torch.randn(2, 3)
+    check_module_inputs(lin, x=x, ids=torch.arange(3), nothing=None)  # integer tensors and None are skipped
+    with pytest.raises(TypeError, match=r"^x is torch.float16, but Linear's parameters are torch.float32"):
+        check_module_inputs(lin, x=x.half(), y=x)
+    with pytest.raises(TypeError, match=r"^a is torch.float64, but"):  # one tensor under two names: named once
+        xd = x.double()
+        check_module_inputs(lin, a=xd, b=xd)
+    check_module_inputs(torch.nn.ReLU(), x=x.half())  # no parameters: nothing to match

@@ -11,7 +11,7 @@ import ipywidgets
 import pytest
 from matplotlib.figure import Figure
 
-from attnbook.explorers.base import WIDGET_VIEW_MIME, Control, Explorer
+from attnbook.explorers.base import STATIC_ENV, WIDGET_VIEW_MIME, Control, Explorer
 from tests.pixels import assert_blit_matches_full_render, assert_shows_something
 
 
@@ -108,7 +108,11 @@ def test_widget_drives_the_explorer():
     assert "a is 1" in caption.value
     ex.update(b="down")  # and the other way round: update() moves the widget
     assert controls["b"].value == "down"
-    assert box.children[-2] is image and box.children[-1] is caption
+    assert box.children[-3].children == (image,) and box.children[-2] is caption  # then the stale-kernel hint
+    # in a narrow output the image keeps at least 90% of its size and its box scrolls sideways
+    assert image.layout.max_width == "100%" and box.children[-3].layout.overflow == "auto hidden"
+    width = int(image.layout.width.removesuffix("px"))
+    assert width == 80 and image.layout.min_width == f"{round(0.9 * width)}px"  # 2 inches at 40 dpi
     assert ex.image_widget is image and ex.widget is box  # built once
 
 
@@ -132,6 +136,7 @@ def _capture(monkeypatch):
 
 def test_jupyter_display_publishes_widget_view_and_html(monkeypatch):
     monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    monkeypatch.setenv(STATIC_ENV, "1")  # executed for the book, as tools/execute.py does
     shown = _capture(monkeypatch)
     ex = _toy()
     ex._ipython_display_()
@@ -143,6 +148,31 @@ def test_jupyter_display_publishes_widget_view_and_html(monkeypatch):
     assert data[WIDGET_VIEW_MIME]["version_major"] == 2
     assert 'class="attnbook-explorer"' in data["text/html"]
     assert data["text/plain"] == "<Toy explorer: a=2, b=up>"
+
+
+def test_a_live_kernel_shows_only_the_widget_and_computes_no_frame(monkeypatch):
+    """In a reader's kernel (STATIC_ENV unset) the output carries the widget view and, for a front end that
+    cannot show it, one line saying to run the cell; no frame of the scrubber is rendered."""
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    monkeypatch.delenv(STATIC_ENV, raising=False)
+    shown = _capture(monkeypatch)
+    ex = _toy()
+    monkeypatch.setattr(Explorer, "frames", lambda self: pytest.fail("a live kernel rendered the scrubber's frames"))
+    ex._ipython_display_()
+    assert len(shown) == 1
+    (data,), _ = shown[0]
+    assert set(data) == {"text/plain", "text/html", WIDGET_VIEW_MIME}
+    assert data[WIDGET_VIEW_MIME]["model_id"] == ex.widget.model_id
+    assert 'class="attnbook-explorer"' not in data["text/html"] and "base64" not in data["text/html"]
+    assert "<b>Toy</b>: a live explorer" in data["text/html"] and "Run this cell" in data["text/html"]
+    assert len(data["text/html"]) < 400
+
+
+def test_the_live_widget_says_what_a_widget_without_its_kernel_means():
+    ex = _toy()
+    hints = [w for w in ex.widget.children if isinstance(w, ipywidgets.HTML) and "attnbook-stale-hint" in w.value]
+    assert len(hints) == 1 and ex.widget.children[-1] is hints[0]
+    assert "lost its kernel" in hints[0].value and "run this cell again" in hints[0].value
 
 
 def test_colab_display_is_a_plain_display_of_the_widget_then_the_static_fallback(monkeypatch):
@@ -178,6 +208,7 @@ def test_colab_fallback_frames_are_real_pictures(monkeypatch):
 
 def test_display_renders_the_frames_before_the_widget_exists(monkeypatch):
     monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    monkeypatch.setenv(STATIC_ENV, "1")
     _capture(monkeypatch)
     pushed = []
     monkeypatch.setattr(Explorer, "_refresh_widget", lambda self: pushed.append(dict(self.values)))
@@ -400,3 +431,15 @@ def test_the_books_frames_take_the_static_caption():
     assert ex.caption_text() == "live 1" and ex.caption_text(static=True) == "built 1"
     assert "built 2" in ex.static_html() and "live" not in ex.static_html()
     assert "live 1" in ex.caption_widget.value and "built" not in ex.caption_widget.value
+
+
+def test_dir_lists_the_lazy_names_for_tab_completion():
+    import attnbook
+    import attnbook.explorers
+
+    # The factories and submodules load on first use; dir() (what tab completion reads) must list them anyway.
+    listed = dir(attnbook.explorers)
+    assert set(attnbook.explorers.__all__) <= set(listed), sorted(set(attnbook.explorers.__all__) - set(listed))
+    assert {"vision", "explorers", "testing", "train", "llm_attention"} <= set(dir(attnbook))
+    for name in dir(attnbook.explorers):
+        getattr(attnbook.explorers, name)  # everything listed resolves

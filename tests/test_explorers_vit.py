@@ -42,8 +42,9 @@ def vit_and_images():
 
 def _pad(ex):
     """The drawing pad under the live widget: (pixel buttons, tool, copy, clear, stored-drawing menu, note)."""
-    note, pad = ex.widget.children[-2:]  # HTML, HBox([pixel grid, VBox([tool, copy, clear, menu])])
-    tool, copy, clear, menu = pad.children[1].children
+    note, pad = ex.widget.children[-3:-1]  # HTML, HBox([pixel grid, VBox([tool, copy, clear, menu])]), then
+    # the base's stale-kernel hint
+    tool, copy, clear, menu, _ = pad.children[1].children  # and the line tool's status
     return pad.children[0].children, tool, copy, clear, menu, note
 
 
@@ -278,3 +279,67 @@ def test_the_chapters_vit_classifies_most_stored_drawings_and_the_soft_pen_helps
     assert right_soft >= 15 and right_soft >= right_hard
     ex = vit_explorer(vit, x_test, y_test)
     assert ex.data["drawn_score"] == (right_soft, 30)
+
+
+def test_an_empty_pad_says_so_and_predicts_nothing(vit_and_images):
+    vit, x, y = vit_and_images
+    ex = vit_explorer(vit, x, y)
+    pixels, tool, copy, clear, menu, note = _pad(ex)
+    clear.click()
+    assert ex.data["empty"] and ex.values["digit"] == DRAWN
+    caption = ex.caption_text()
+    assert caption.startswith("your drawing is empty: no prediction") and "predicted" not in caption
+    title = ex.figure._suptitle.get_text()
+    assert title.startswith("your drawing is empty: nothing to predict") and "predicted" not in title
+    bars = [b for b in ex.figure.axes[2].patches]
+    assert len({tuple(b.get_facecolor()) for b in bars}) == 1  # no class highlighted
+    pixels[27].click()  # one pixel of ink: a drawing again, and a prediction
+    assert not ex.data["empty"] and "predicted" in ex.caption_text()
+    assert not ex.update(digit=0)["empty"]  # a stored image is never "empty"
+
+
+def test_the_pad_says_that_dragging_draws_nothing_and_wraps_when_narrow(vit_and_images):
+    vit, x, y = vit_and_images
+    ex = vit_explorer(vit, x, y)
+    *_, note = _pad(ex)
+    assert "Dragging across the grid draws nothing" in note.value and "report clicks" in note.value
+    assert "pick &quot;line&quot; and click its two ends" in note.value
+    pad = ex.widget.children[-2]
+    assert pad.layout.flex_flow == "row wrap" and pad.layout.max_width == "100%"
+
+
+def test_line_pixels_and_paint_line():
+    from attnbook.vision import line_pixels, paint_line
+
+    assert line_pixels((1, 1), (1, 1)) == [(1, 1)]
+    assert line_pixels((0, 0), (3, 3)) == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    assert line_pixels((6, 2), (1, 2)) == [(6, 2), (5, 2), (4, 2), (3, 2), (2, 2), (1, 2)]
+    line = line_pixels((0, 0), (2, 7))
+    assert len(line) == 8 and line[0] == (0, 0) and line[-1] == (2, 7)
+    assert all(abs(a[0] - b[0]) <= 1 and abs(a[1] - b[1]) == 1 for a, b in zip(line, line[1:]))  # no gaps
+    expected = torch.zeros(8, 8)
+    for r, c in line:
+        expected = paint(expected, r, c)
+    torch.testing.assert_close(paint_line(torch.zeros(8, 8), (0, 0), (2, 7)), expected)
+
+
+def test_the_line_tool_draws_a_stroke_in_two_clicks(vit_and_images):
+    from attnbook.vision import paint_line
+
+    vit, x, y = vit_and_images
+    ex = vit_explorer(vit, x, y, drawing=torch.zeros(8, 8))
+    pixels, tool, copy, clear, menu, _ = _pad(ex)
+    status = ex.widget.children[-2].children[1].children[-1]
+    tool.value = "line"
+    pixels[8 * 1 + 2].click()  # row 1, column 2: the start, inked as by the pen
+    torch.testing.assert_close(ex.data["image"], paint(torch.zeros(8, 8), 1, 2))
+    assert "line from row 1, column 2: click where it ends" in status.value
+    pixels[8 * 6 + 5].click()  # row 6, column 5: the end
+    torch.testing.assert_close(ex.data["image"], paint_line(paint(torch.zeros(8, 8), 1, 2), (1, 2), (6, 5)))
+    assert status.value == "" and ex.values["digit"] == DRAWN
+    pixels[0].click()  # a new line starts; changing the tool forgets it
+    tool.value = "pen"
+    assert status.value == ""
+    pixels[63].click()
+    torch.testing.assert_close(ex.data["image"][7, 7], torch.tensor(1.0))
+    assert float(ex.data["image"][4, 4]) == float(paint_line(paint(torch.zeros(8, 8), 1, 2), (1, 2), (6, 5))[4, 4])

@@ -7,6 +7,9 @@ one notebook), opens the notebook, runs its explorer cells and checks what the r
 * each figure is shown at its own size (at most the output's width), never stretched: the displayed width
   is at most 1.25 times the figure's size in CSS pixels, and the image has at least 1.9 device pixels per
   CSS pixel (sharp on a high-density screen);
+* in a narrow output column (332 px, what a 700 px window with the file browser open leaves) each figure
+  keeps at least 90% of its size (text of 9 px or more) in a box that scrolls sideways inside the output,
+  and the ViT explorer's drawing grid shows all its 64 pixels, with its buttons, inside the output;
 * moving a control (a slider by the keyboard, a toggle button by a click, a dropdown) changes the image;
 * clicking a pixel of the ViT explorer's drawing grid shows the drawing ("your drawing" in the image choice),
   and so does loading a stored drawing;
@@ -279,3 +282,39 @@ def test_a_narrow_window_cuts_no_description(notebook):
         assert hint.count() == 1 and hint.first.is_visible()
     finally:
         page.set_viewport_size({"width": 1280, "height": 900})
+
+
+NARROW = 332  # px: the output column of a 700 px window with JupyterLab's file browser open
+
+
+def test_a_narrow_output_column_keeps_figures_readable_and_the_pad_whole(notebook):
+    page = notebook
+    style = page.add_style_tag(content=f".jp-OutputArea-output {{ max-width: {NARROW}px !important; }}")
+    try:
+        page.wait_for_timeout(1000)
+        for i, name in enumerate(["saturation", "heads_1", "masks", "vit", "kv_heads"]):
+            box = _explorer(page, i)
+            box.scroll_into_view_if_needed()
+            size = box.locator(".widget-image").evaluate(
+                "i => { const o = i.closest('.jp-OutputArea-output').getBoundingClientRect();"
+                " const b = i.parentElement; const r = b.getBoundingClientRect();"
+                " return {natural: i.naturalWidth, shown: i.getBoundingClientRect().width, room: o.width,"
+                " box_right: r.right, out_right: o.right, scrolls: b.scrollWidth > b.clientWidth + 1}; }")
+            own = size["natural"] / 2  # the figure's size in CSS pixels (2 image pixels per CSS pixel)
+            assert size["shown"] >= 0.9 * own - 1, f"{name} in {NARROW} px: {size}: shrunk below 90%"
+            assert size["box_right"] <= size["out_right"] + 1, f"{name} in {NARROW} px: {size}: box overflows"
+            assert size["scrolls"] == (0.9 * own > size["room"] + 1), f"{name} in {NARROW} px: {size}"
+            for label in _labels(box):
+                assert not label["cut"], f"{name} in {NARROW} px: {label['text']!r} is cut off"
+            box.screenshot(path=str(SHOTS / f"jupyterlab_{name}_{NARROW}px.png"))
+        box = _explorer(page, 3)
+        inside = box.locator(".widget-gridbox button, button:has-text('clear'), button:has-text('copy')")
+        bounds = inside.evaluate_all(
+            "bs => bs.map(b => { const o = b.closest('.jp-OutputArea-output').getBoundingClientRect();"
+            " const r = b.getBoundingClientRect();"
+            " return r.width > 0 && r.left >= o.left - 1 && r.right <= o.right + 1; })")
+        assert len(bounds) == 66 and all(bounds), f"{bounds.count(False)} of the pad's buttons outside the output"
+        assert not page.page_errors, page.page_errors
+    finally:
+        style.evaluate("s => s.remove()")
+        page.wait_for_timeout(500)

@@ -226,3 +226,25 @@ def test_weights_path_keeps_the_conventions(dtype):
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(w.double(), ref_w, atol=tol, rtol=tol)
     torch.testing.assert_close(out.double(), ref_out, atol=tol, rtol=tol)
+
+
+def test_an_input_of_another_dtype_or_device_is_named_with_the_modules():
+    mha = MultiHeadAttention(8, 2)  # float32 parameters
+    x64 = torch.randn(2, 5, 8, dtype=torch.float64)
+    # torch alone stops in the matmul ("mat1 and mat2 must have the same dtype"), naming neither input nor module
+    with pytest.raises(RuntimeError, match="dtype"):
+        F.linear(x64, mha.q_proj.weight)
+    with pytest.raises(TypeError, match=r"^query is torch.float64, but MultiHeadAttention's parameters are "
+                                        r"torch.float32: cast the input \(query.to\(torch.float32\)\)"):
+        mha(x64)
+    mem = torch.randn(2, 3, 8, dtype=torch.float16)
+    with pytest.raises(TypeError, match=r"^key is torch.float16, value is torch.float16, but"):
+        mha(torch.randn(2, 5, 8), mem, mem.clone())
+    with pytest.raises(TypeError, match=r"query must be a floating-point tensor \(B, length, 8\), got torch.int64"):
+        mha(torch.randint(0, 5, (2, 5, 8)))
+    with pytest.raises(ValueError, match=r"^query is on cpu, but MultiHeadAttention's parameters are on meta"):
+        MultiHeadAttention(8, 2).to("meta")(torch.randn(2, 5, 8))
+    # the advice works: either cast makes the call go through, and the results agree
+    out32, _ = mha(x64.float())
+    out64, _ = mha.to(torch.float64)(x64)
+    assert (out64.float() - out32).abs().max() / out64.abs().max() < 1e-5

@@ -333,6 +333,64 @@ def test_head_stats_on_known_patterns():
         P.head_stats([prev], tokens * 2, mask)
 
 
+def test_punctuation_is_unicode_punctuation_as_berts_tokenizer_splits_it():
+    tokens = [["[CLS]", "我", "，", "好", "。", "$", "[SEP]"]]
+    T = len(tokens[0])
+    on = torch.zeros(1, 1, T, T)
+    for i, key in enumerate([2, 2, 2, 4, 5, 5, 5]):
+        on[0, 0, i, key] = 1.0  # every query on "，", "。" or "$"
+    stats = P.head_stats([on], tokens, torch.ones(1, T, dtype=torch.long))
+    assert stats["punctuation"][0, 0] == 1.0
+    from attnbook.pretrained.model import _is_punct
+
+    assert _is_punct("，") and _is_punct("。") and _is_punct("“") and _is_punct("^")
+    assert not _is_punct("我") and not _is_punct("a1") and not _is_punct("")
+
+
+def test_labels_draw_cjk_with_an_installed_font_or_write_code_points(monkeypatch):
+    from attnbook.explorers import minilm as M
+
+    labels, family, escaped = M._labels(["[CLS]", "the", "[SEP]"])
+    assert labels == ["[CLS]", "the", "[SEP]"] and family is None and not escaped
+    monkeypatch.setattr(M, "_installed_cjk_font", lambda: None)
+    labels, family, escaped = M._labels(["我", "cat", "，"])
+    assert labels == ["U+6211", "cat", "U+FF0C"] and family is None and escaped
+    font = next((name for name in M.CJK_FONTS if ord("我") in M._glyphs(name)), None) if any(
+        name in {f.name for f in __import__("matplotlib").font_manager.fontManager.ttflist} for name in M.CJK_FONTS
+    ) else None
+    if font is None:
+        pytest.skip(f"no CJK font installed (one of {M.CJK_FONTS[:2]}...): the drawn branch cannot be checked")
+    monkeypatch.setattr(M, "_installed_cjk_font", lambda: font)
+    labels, family, escaped = M._labels(["我", "cat", "，"])
+    assert labels == ["我", "cat", "，"] and family == ["DejaVu Sans", font] and not escaped
+
+
+@pytest.mark.slow
+def test_minilm_explorer_explains_a_chinese_sentence(minilm):
+    model, tok = minilm
+    ex = minilm_explorer(model, tok, text="我喜欢学习注意力机制，因为它很有趣。", static_layers=[1], static_heads=[1])
+    d = ex.data
+    assert "，" in d["tokens"] and "。" in d["tokens"] and d["unknown"] >= d["words"] // 2
+    assert d["shares"]["punctuation"] > 0  # "，" and "。" count
+    caption = ex.caption_text()
+    assert f"{d['unknown']} of the {d['words']} tokens are [UNK]" in caption and "few CJK characters" in caption
+    assert f"colours run from 0 to {d['scale']:.2f}" in caption and 0 < d["scale"] <= 1
+    # the map is drawn on its own scale: its largest weight is the top of the colour bar
+    assert ex.figure.axes[0].images[0].get_array().max() == pytest.approx(1.0)
+    labels = [t.get_text() for t in ex.figure.axes[0].get_xticklabels()]
+    from attnbook.explorers.minilm import _installed_cjk_font
+
+    if _installed_cjk_font() is None:
+        assert "U+FF0C" in labels and "code points" in caption
+    else:
+        assert "，" in labels and "code points" not in caption
+    assert_blit_matches_full_render(ex, dict(layer=1, head=1, sentence=ex.values["sentence"]),
+                                    dict(layer=4, head=7, sentence=ex.values["sentence"]))
+    # an English sentence has no [UNK] and says nothing about it
+    ex.update(sentence=EXPLORER_SENTENCES[0])
+    assert ex.data["unknown"] == 0 and "[UNK]" not in ex.caption_text()
+
+
 @pytest.mark.slow
 def test_minilm_explorer_shows_the_models_own_weights(minilm):
     model, tok = minilm

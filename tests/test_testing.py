@@ -486,6 +486,29 @@ class FlattensWithView(attnbook.MultiHeadAttention):
         return super().project(flat.view(B, T, E), key, value)
 
 
+def tile_loop_off_by_one(q, k, v, mask=None):
+    """A tiled loop bounded by S - 1 instead of S (tiles of 512 keys): every length has its keys in the one tile
+    it runs, except a single key, for which it runs none and returns zeros."""
+    S = k.shape[-2]
+    scale = 1 / math.sqrt(q.shape[-1])
+    out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+    G = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
+    for c in range(0, S - 1, 512):
+        tile = mask if mask is None else mask[..., c:c + 512]
+        out = out + attnbook.scaled_dot_product_attention(q, k[:, :, c:c + 512], v[:, :, c:c + 512], tile,
+                                                          scale=scale)[0]
+    return out
+
+
+class MaskDroppedForOneQuery(attnbook.MultiHeadAttention):
+    """A decoding shortcut: "one new token may see every key", so the mask is dropped when T = 1. Right for a
+    causal cache, wrong for a padded memory in cross-attention (the first token an encoder-decoder writes)."""
+
+    def attend(self, q, k, v, mask=None, need_weights=True):
+        return super().attend(q, k, v, None if q.shape[2] == 1 else mask, need_weights)
+
+
 def _module(cls):
     torch.manual_seed(0)
     return cls(32, 4)
@@ -524,6 +547,9 @@ BUGS = {
     "raw memory as contiguous": (lambda: raw_memory, {}, ["layout"]),
     # the cache line feeds it slices x[:, 3:5] of the sequence, views too
     "module flattens x with .view": (lambda: _module(FlattensWithView), {}, ["kv_cache", "layout"]),
+    # a single query or key: decoding, one-token inputs, one memory token
+    "tile loop to S - 1": (lambda: tile_loop_off_by_one, {}, ["sdpa"]),
+    "mask dropped for one query": (lambda: _module(MaskDroppedForOneQuery), {}, ["cross_attention"]),
     "output allocated like q": (lambda: acc_like_q, {}, ["value_dim"]),
     "scale from the values' width": (lambda: scale_of_v, {}, ["value_dim"]),
 }
@@ -550,6 +576,16 @@ def test_the_diagnoses_say_what_went_wrong():
     assert "8 heads right; 12 heads:" in run(alibi_naive, alibi=True)["alibi"].detail
     assert "differ" in run(dropout_on)["deterministic"].detail
     assert "raised RuntimeError" in run(_module(QueryLengthReshape))["cross_attention"].detail
+    assert re.search(r"\(worst on q \(B=\d, H=\d, T=\d, D=\d\), S=1\)", run(tile_loop_off_by_one)["sdpa"].detail)
+    assert "at T = 1, S = 7, key padding" in run(_module(MaskDroppedForOneQuery))["cross_attention"].detail
+
+
+def test_the_short_lines_reach_a_single_query_and_a_single_key():
+    r = run(attnbook.scaled_dot_product_attention)
+    assert "8 cases" in r["sdpa"].detail or "16 cases" in r["sdpa"].detail, r["sdpa"].detail
+    m = run(_module(attnbook.MultiHeadAttention))
+    assert "T = 1, S = 7; T = 4, S = 1" in m["cross_attention"].detail
+    assert "from one token" in m["kv_cache"].detail
 
 
 def test_the_blind_spot_diagnoses_say_what_went_wrong():

@@ -280,3 +280,14 @@ def test_training_learns_digits():
     fit_images(speller, x_tr, y_tr, epochs=5)
     assert accuracy(speller, x_te, y_te) > 0.3
     assert len(DIGIT_NAMES) == 10
+
+
+@pytest.mark.parametrize("cls", [VisionTransformer, MLPClassifier, CNNClassifier, DigitSpeller])
+def test_images_of_another_dtype_are_named_with_the_models(cls):
+    model = cls()
+    x = images().double()
+    call = (lambda: model.encode(x)) if cls is DigitSpeller else (lambda: model(x))
+    with pytest.raises(TypeError, match=rf"^images is torch.float64, but {cls.__name__}'s parameters are torch.float32"):
+        call()
+    model.double()
+    call()  # the module cast the message offers works

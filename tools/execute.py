@@ -14,7 +14,9 @@ it refuses when a code cell changed (that needs a run). Use it for prose edits.
 ``--check`` only reports pairs whose cells differ (tests/test_notebooks.py runs the same comparison).
 
 Kernels run with PYTHONHASHSEED=0 and one intra-op thread unless OMP_NUM_THREADS is set, and without
-timing metadata or widget state (neither is needed by the book and both would churn the diffs).
+timing metadata or widget state (neither is needed by the book and both would churn the diffs), and with
+ATTNBOOK_STATIC_SCRUBBER=1: only then does an explorer store the book's static scrubber next to its live view
+(a reader's kernel renders no frame of it).
 """
 
 from __future__ import annotations
@@ -135,6 +137,7 @@ def execute(path: str | Path, timeout: int = 600) -> float:
     os.environ["PYTHONHASHSEED"] = "0"
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as conftest.py: one intra-op thread unless told otherwise
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # stored outputs are CPU outputs
+    os.environ["ATTNBOOK_STATIC_SCRUBBER"] = "1"  # explorers store the book's scrubber (attnbook.explorers.base)
     start = time.perf_counter()
     client = NotebookClient(
         nb,

@@ -57,3 +57,9 @@ def __getattr__(name: str) -> Any:
     if name in FACTORIES:
         return getattr(importlib.import_module(f"{__name__}.{FACTORIES[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # The factories load on first use (``__getattr__``), so they are not in the module's namespace yet:
+    # list them here so that ``dir()`` and tab completion show them.
+    return sorted(set(globals()) | set(__all__))

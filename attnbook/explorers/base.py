@@ -39,11 +39,19 @@ Optional hooks keep every control meaningful and say what is going on:
 How it shows itself (``display(explorer)`` or an explorer as a cell's last
 expression):
 
-* Jupyter: one output carrying both the live widget view and ``text/html`` with
-  the scrubber. Jupyter shows the widget; the book (``execute_notebooks: off``,
-  ``nb_mime_priority_overrides`` in ``_config.yml``) shows the scrubber. The
-  scrubber's frames are rendered before the widget exists, so no frame is
-  pushed to the widget on the way.
+* Jupyter, in a reader's live kernel: one output carrying the live widget view
+  and, as ``text/html``, one line (:data:`LIVE_NOTE`) saying the explorer needs
+  this kernel and to run the cell again; no frame of the scrubber is rendered
+  (the reader sees the widget, and the frames cost seconds and megabytes in
+  their notebook). Under the widget's caption, a muted line (:data:`STALE_HINT`)
+  explains a widget that no longer answers: after a kernel restart JupyterLab
+  redraws the saved widget view, whose controls still move but reach no kernel.
+* Jupyter, executed for the book (the environment variable :data:`STATIC_ENV`
+  is ``"1"``: ``tools/execute.py`` sets it): the same output with ``text/html``
+  holding the scrubber instead. Jupyter shows the widget; the book
+  (``execute_notebooks: off``, ``nb_mime_priority_overrides`` in ``_config.yml``)
+  shows the scrubber. The scrubber's frames are rendered before the widget
+  exists, so no frame is pushed to the widget on the way.
 * Colab (``"google.colab" in sys.modules``): a plain ``display(widget)``, which
   Colab's display hook needs (its ipywidgets 7.7.1 has no ``_repr_mimebundle_``),
   then the scrubber folded under it (:data:`COLAB_FALLBACK`): a static fallback that
@@ -66,6 +74,7 @@ import html
 import io
 import itertools
 import json
+import os
 import re
 import sys
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -92,21 +101,49 @@ __all__ = [
     "COLAB_FALLBACK",
     "WIDGET_VIEW_MIME",
     "LIVE_SCALE",
+    "LIVE_MIN_SHARE",
+    "STATIC_ENV",
+    "LIVE_NOTE",
+    "STALE_HINT",
+    "book_outputs",
     "ScrubberTemplate",
     "scrubber_template",
 ]
 
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 # The live widget's image has LIVE_SCALE device pixels per CSS pixel (sharp on a high-density screen) and is
-# shown at the figure's own size in CSS pixels (inches x its dpi), at most the output's width. The book's
+# shown at the figure's own size in CSS pixels (inches x its dpi), at most the output's width but never under
+# LIVE_MIN_SHARE of that size: in a narrower output column (a 700 px window with JupyterLab's file browser
+# open leaves 332 px) it keeps its text at 9 px or more and scrolls sideways in its box instead of shrinking
+# to half. (The kernel cannot learn the column's width with core widgets, so no figure is laid out for it.) The book's
 # scrubber frames stay at the figure's dpi: twice the pixels would double the chapters' size.
 LIVE_SCALE = 2
+LIVE_MIN_SHARE = 0.9
 # Under Colab the live widget is shown with a plain display(widget); this goes under it, holding the static
 # scrubber (the frames the book shows), folded: it stays usable when Colab's widget manager fails.
 COLAB_FALLBACK = ('<details class="attnbook-fallback" style="margin-top:4px"><summary style="cursor:pointer;'
                   'font-family:sans-serif;font-size:90%;color:#555">Static preview (pre-rendered frames): open it if the live explorer above shows '
                   'nothing or an error; running the cell again usually brings the live one back</summary>'
                   '$scrubber</details>')
+
+# Set to "1" by tools/execute.py, which executes the chapters whose stored outputs the book shows: an explorer
+# then stores its static scrubber with the live view. Unset (a reader's kernel), it renders no frame.
+STATIC_ENV = "ATTNBOOK_STATIC_SCRUBBER"
+# The text/html of a live explorer's output: what a front end without the widget (a viewer, a notebook whose
+# widget state was not saved, a stopped kernel) shows in its place.
+LIVE_NOTE = ('<div class="attnbook-live-note" style="font-family:sans-serif;color:#555">'
+             '<b>$title</b>: a live explorer; it needs this notebook\'s kernel. Run this cell to make it live '
+             '(the book shows a pre-rendered version).</div>')
+# Under the live widget: the one sign that tells a reader why a widget restored after a kernel restart (or
+# from a saved notebook) does nothing: its controls still move in the page, but no kernel redraws it.
+STALE_HINT = ("If moving a control changes nothing, this explorer has lost its kernel (it was restarted or "
+              "stopped, or the notebook was reopened): run this cell again.")
+
+
+def book_outputs() -> bool:
+    """Whether this kernel executes a chapter for the book (:data:`STATIC_ENV` is ``"1"``): explorers then
+    store their static scrubber, which a reader's live kernel never computes."""
+    return os.environ.get(STATIC_ENV) == "1"
 
 
 def in_colab() -> bool:
@@ -696,10 +733,15 @@ class Explorer:
             import ipywidgets as W
 
             self._controls_w = {c.name: c.make_widget() for c in self.controls}
-            # shown at the figure's size (set by _refresh_widget), never stretched to the output's width
+            # shown at the figure's size (set by _refresh_widget), never stretched to the output's width, and
+            # in a narrow output at LIVE_MIN_SHARE of it at least, in a box that scrolls sideways
             self._image_w = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto",
                                                                   align_self="flex-start"))
+            image_box = W.Box([self._image_w], layout=W.Layout(max_width="100%", overflow="auto hidden",
+                                                               flex="0 0 auto"))
             self._caption_w = W.HTML()
+            stale = W.HTML(f'<div class="attnbook-stale-hint" style="color:#777;font-size:85%;line-height:1.3">'
+                           f'{html.escape(STALE_HINT)}</div>', layout=W.Layout(max_width="100%"))
             rows = []
             for c in self.controls:
                 w = self._controls_w[c.name]
@@ -715,7 +757,8 @@ class Explorer:
                     rows.append(w)
             title = W.HTML(f"<b>{html.escape(self.title)}</b>")
             extra = list(self.extras(self)) if self.extras is not None else []
-            self._widget = W.VBox([title, *rows, self._image_w, self._caption_w, *extra])
+            self._widget = W.VBox([title, *rows, image_box, self._caption_w, *extra, stale],
+                                  layout=W.Layout(max_width="100%"))
             self.update()  # the figure again, at the live scale
         return self._widget
 
@@ -769,6 +812,7 @@ class Explorer:
         width, _ = getattr(self.figure, "_attnbook_css_px", _css_size(self.figure, self.figure.dpi / LIVE_SCALE))
         if self._image_w.layout.width != f"{width}px":
             self._image_w.layout.width = f"{width}px"
+            self._image_w.layout.min_width = f"{round(LIVE_MIN_SHARE * width)}px"
         self._image_w.value = figure_png(self.figure)
         self._caption_w.value = f'<div style="line-height:1.4">{html.escape(self.caption_text())}</div>'
 
@@ -832,14 +876,16 @@ class Explorer:
     def _ipython_display_(self, **kwargs: Any) -> None:
         from IPython.display import display
 
-        # the frames first: the widget does not exist yet, so no frame is encoded for it on the way
-        scrubber = self.static_html()
         if in_colab():
+            # the frames first: the widget does not exist yet, so no frame is encoded for it on the way
+            scrubber = self.static_html()
             display(self.widget)
             display({"text/html": Template(COLAB_FALLBACK).substitute(scrubber=scrubber),
                      "text/plain": f"(static preview of {self.title})"}, raw=True)
             return
-        data: dict[str, Any] = {"text/plain": repr(self), "text/html": scrubber}
+        # for the book, the scrubber (frames first, as above); in a reader's kernel, one line in its place
+        page = self.static_html() if book_outputs() else Template(LIVE_NOTE).substitute(title=html.escape(self.title))
+        data: dict[str, Any] = {"text/plain": repr(self), "text/html": page}
         widget = self.widget
         bundle = widget._repr_mimebundle_() if hasattr(widget, "_repr_mimebundle_") else None
         if bundle and WIDGET_VIEW_MIME in bundle:  # ipywidgets 8

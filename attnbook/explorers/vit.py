@@ -20,14 +20,14 @@ import torch
 from matplotlib.figure import Figure
 
 from ..plotting import text_color_on
-from ..vision import HAND_DRAWN, VisionTransformer, cls_attention, hand_drawn_digits, paint
+from ..vision import HAND_DRAWN, VisionTransformer, cls_attention, hand_drawn_digits, paint, paint_line
 from .base import Control, Explorer
 
 __all__ = ["vit_explorer", "DRAWN", "PAD_TOOLS"]
 
 # the image choice that shows the reader's own drawing (live only: the book's scrubber has no grid to draw on)
 DRAWN = "drawn"
-PAD_TOOLS = ("pen", "eraser")  # what a click on the drawing grid does
+PAD_TOOLS = ("pen", "line", "eraser")  # what a click on the drawing grid does ("line": two clicks, its two ends)
 _TINT = (0.84, 0.15, 0.16)  # the attention's colour over the digit (tab:red)
 
 
@@ -53,8 +53,17 @@ def _drawing_pad(explorer: Explorer, drawing: torch.Tensor, stored: tuple[torch.
     tool = W.ToggleButtons(options=list(PAD_TOOLS), value=PAD_TOOLS[0], description="click to",
                            layout=W.Layout(display="flex", flex_flow="row wrap", align_items="center"),
                            style={"description_width": "initial", "button_width": "auto"},
-                           tooltips=["ink the pixel, and its four neighbours half", "clear the pixel, and "
-                                     "lighten its four neighbours by half"])
+                           tooltips=["ink the pixel, and its four neighbours half", "click where a stroke "
+                                     "starts, then where it ends: the pen along the straight line between",
+                                     "clear the pixel, and lighten its four neighbours by half"])
+    start: list[tuple[int, int]] = []  # the line tool's first end, between its two clicks
+    status = W.HTML("")
+
+    def on_tool(_: Any) -> None:
+        start.clear()
+        status.value = ""
+
+    tool.observe(on_tool, names="value")
 
     def paint_grid() -> None:
         for i, button in enumerate(pixels):
@@ -62,7 +71,16 @@ def _drawing_pad(explorer: Explorer, drawing: torch.Tensor, stored: tuple[torch.
 
     def on_pixel(i: int) -> Any:
         def handler(_: Any) -> None:
-            drawing.copy_(paint(drawing, i // Iw, i % Iw, erase=tool.value == "eraser"))
+            here = (i // Iw, i % Iw)
+            if tool.value == "line" and start:
+                drawing.copy_(paint_line(drawing, start.pop(), here))
+                status.value = ""
+            else:
+                drawing.copy_(paint(drawing, *here, erase=tool.value == "eraser"))
+                if tool.value == "line":
+                    start.append(here)
+                    status.value = (f'<span style="color:#555">line from row {here[0]}, column {here[1]}: '
+                                    'click where it ends</span>')
             paint_grid()
             explorer.update(digit=DRAWN)
         return handler
@@ -94,9 +112,11 @@ def _drawing_pad(explorer: Explorer, drawing: torch.Tensor, stored: tuple[torch.
     copy.on_click(lambda _: set_all(explorer.data["image"].clone()))
     clear.on_click(lambda _: set_all(torch.zeros(Ih, Iw)))
     grid = W.GridBox(pixels, layout=W.Layout(grid_template_columns=f"repeat({Iw}, 26px)",
-                                             grid_gap="1px", width="max-content"))
+                                             grid_gap="1px", width="max-content", flex="0 0 auto"))
     text = W.HTML(f'<div style="max-width:44em;line-height:1.35"><b>Draw your own</b>: {html.escape(note)}</div>')
-    return [text, W.HBox([grid, W.VBox([tool, copy, clear, menu], layout=W.Layout(margin="0 0 0 1em"))])]
+    # the buttons go under the grid when the output column is too narrow for both side by side
+    return [text, W.HBox([grid, W.VBox([tool, copy, clear, menu, status], layout=W.Layout(margin="0 0 0 1em"))],
+                         layout=W.Layout(flex_flow="row wrap", max_width="100%"))]
 
 
 def vit_explorer(model: VisionTransformer, images: torch.Tensor, labels: torch.Tensor,
@@ -137,8 +157,10 @@ def vit_explorer(model: VisionTransformer, images: torch.Tensor, labels: torch.T
     else:
         score, stored = None, (stored[0][:0], stored[1][:0])  # drawn for 8x8 images: none to offer
     note = ("click a pixel to ink it with a soft pen (it also inks its four neighbours half, as blurred as the "
-            "strokes of the 8x8 digits the model learned from; the eraser does the opposite), or start from the "
-            "image on show or a stored drawing. The image choice becomes your drawing.")
+            "strokes of the 8x8 digits the model learned from; the eraser does the opposite). Dragging across "
+            "the grid draws nothing: the pixels are ipywidgets buttons, which report clicks, not the mouse "
+            "passing over them. For a stroke, pick \"line\" and click its two ends. Or start from the image on "
+            "show or a stored drawing. The image choice becomes your drawing.")
     if score is not None:
         note += (f" This model classifies {score[0]} of the {score[1]} stored drawings right (attnbook.vision."
                  f"HAND_DRAWN, {len(HAND_DRAWN) // 10} of each digit, drawn by hand on this grid).")
@@ -154,7 +176,8 @@ def vit_explorer(model: VisionTransformer, images: torch.Tensor, labels: torch.T
             image, ws = images[i], [w[i : i + 1] for w in weights]  # N x (1, H, T, T)
             label, probs = int(labels[i]), probabilities[i]
         att = cls_attention(ws, layer, head, view, grid)  # (Th, Tw)
-        return {"digit": digit, "layer": layer, "head": head, "view": view, "image": image,
+        empty = digit == DRAWN and not bool((image > 0).any())  # a blank grid: nothing to classify
+        return {"digit": digit, "empty": empty, "layer": layer, "head": head, "view": view, "image": image,
                 "attention": att, "per_pixel": att.repeat_interleave(p, 0).repeat_interleave(p, 1),
                 "label": label, "probabilities": probs, "prediction": int(probs.argmax()),
                 "on_patches": float(att.sum()), "drawn_score": score}
@@ -210,16 +233,23 @@ def vit_explorer(model: VisionTransformer, images: torch.Tensor, labels: torch.T
             text.set_color(text_color_on(cmap(w / top)))
         for c, bar in enumerate(art["bars"]):
             bar.set_height(float(d["probabilities"][c]))
-            bar.set_color("tab:blue" if c == d["prediction"] else "0.7")
+            bar.set_color("tab:blue" if c == d["prediction"] and not d["empty"] else "0.7")
         truth = "your drawing" if d["label"] is None else f"true class {d['label']}"
         art["p_title"].set_text(f"probability of each class ({truth})")
         which = "rollout through layers 0.." + str(d["layer"]) if d["view"] == "rollout" else (
             f"layer {d['layer']}, " + ("mean of the heads" if d["head"] == "mean" else f"head {d['head']}"))
         what = "your drawing" if d["label"] is None else f"a {d['label']}"
-        art["title"].set_text(f"{what}, predicted {d['prediction']} "
-                              f"({float(d['probabilities'][d['prediction']]):.0%}): {which}")
+        if d["empty"]:
+            art["title"].set_text(f"your drawing is empty: nothing to predict: {which}")
+        else:
+            art["title"].set_text(f"{what}, predicted {d['prediction']} "
+                                  f"({float(d['probabilities'][d['prediction']]):.0%}): {which}")
 
     def caption(d: dict) -> str:
+        if d["empty"]:
+            return (f"your drawing is empty: no prediction (the bars are what a blank image gives, "
+                    f"{float(d['probabilities'].max()):.2f} for class {d['prediction']}, a guess from no ink at "
+                    "all); draw on the grid below")
         what = "your drawing" if d["label"] is None else f"digit {d['label']}"
         return (f"{what} (predicted {d['prediction']}, probability {float(d['probabilities'].max()):.2f}); "
                 f"{d['view']} attention of [CLS]; share of its weight on the patches: {d['on_patches']:.2f}")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-import string
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -236,8 +236,16 @@ def word_spans(tokens: Sequence[str]) -> list[tuple[str, list[int]]]:
 MEASURES = ("previous", "next", "self", "[CLS]", "[SEP]", "punctuation")
 
 
+def _is_punct_char(ch: str) -> bool:
+    """As the BERT tokenizer's ``_is_punctuation``: the ASCII symbols (``$``, ``^``, ``~`` too) and every
+    character of a Unicode punctuation category (P*), such as the Chinese comma "，" and full stop "。"."""
+    cp = ord(ch)
+    return 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126 or \
+        unicodedata.category(ch).startswith("P")
+
+
 def _is_punct(tok: str) -> bool:
-    return bool(tok) and all(ch in string.punctuation for ch in tok)
+    return bool(tok) and all(_is_punct_char(ch) for ch in tok)
 
 
 def head_stats(attentions: Sequence[torch.Tensor], tokens: Sequence[Sequence[str]],
