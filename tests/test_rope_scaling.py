@@ -20,10 +20,10 @@ import math
 import pytest
 import torch
 
-from attnbook import causal_mask
+from attnbook import apply_rotary, causal_mask
 from attnbook.latent import DEEPSEEK_V3_ROPE, MultiHeadLatentAttention
 from attnbook.llm_attention import LLMAttention
-from attnbook.positional import ROPE_TYPES, apply_rotary, rope_frequencies, yarn_mscale, yarn_ramp
+from attnbook.positional import ROPE_TYPES, rope_frequencies, yarn_mscale, yarn_ramp
 
 # The released configs' rope settings (their config.json; gpt-oss's are also transformers' GptOssConfig defaults)
 GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
