@@ -568,10 +568,13 @@ class MultiHeadLatentAttention(nn.Module):
         hf_attn: Any = module  # its attributes, as transformers names them
         config: Any = hf_attn.config
         rope = dict(getattr(config, "rope_parameters", None) or {})
+        if not rope:  # transformers 4.x: rope_theta and rope_scaling side by side
+            rope = {**(getattr(config, "rope_scaling", None) or {}), "rope_theta": getattr(config, "rope_theta", 10000.0)}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         rope_scaling = None
         if rope_type != "default":
-            rope_scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "type", "partial_rotary_factor")}
+            rope_scaling = {k: v for k, v in rope.items()
+                            if k not in ("rope_theta", "type", "partial_rotary_factor") and v is not None}
             rope_scaling["rope_type"] = rope_type
         if config.num_key_value_heads != config.num_attention_heads:
             raise ValueError(f"num_key_value_heads={config.num_key_value_heads} must equal num_attention_heads="
