@@ -283,3 +283,32 @@ def test_deepseek_softmax_scale_carries_mscale_squared(transformers):
     assert ours.rope_scaling is not None and ours.rope_scaling["factor"] == 40.0
     plain = MultiHeadLatentAttention(64, 4, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=64, v_head_dim=12)
     assert math.isclose(plain.scaling, (16 + 64) ** -0.5)
+
+
+def test_scaled_rope_decoding_from_each_cache_equals_full_recomputation():
+    """YaRN x40 positions past the original context, through the latent cache (naive and absorbed) and the
+    expanded one: every step equals the last row of a full causal pass."""
+    from attnbook import KVCache
+    from attnbook.latent import LatentKVCache
+
+    torch.manual_seed(0)
+    yarn = {k: v for k, v in DEEPSEEK_V3_ROPE.items() if k != "rope_theta"}
+    mla = MultiHeadLatentAttention(32, 4, q_lora_rank=16, kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=16,
+                                   v_head_dim=8, rope_scaling=yarn).double().eval()
+    start, prompt, steps = 6000, 3, 5
+    x = torch.randn(2, prompt + steps, 32, dtype=torch.float64)
+    positions = torch.arange(start, start + prompt + steps)
+    forms = {"naive": (LatentKVCache(), False), "absorbed": (LatentKVCache(), True), "expanded": (KVCache(), False)}
+    with torch.no_grad():
+        for cache, absorb in forms.values():
+            mla(x[:, :prompt], positions[:prompt], mask=causal_mask(prompt), cache=cache, absorb=absorb)
+        for t in range(prompt, prompt + steps):
+            full, _ = mla(x[:, : t + 1], positions[: t + 1], mask=causal_mask(t + 1))
+            for cache, absorb in forms.values():
+                step, _ = mla(x[:, t : t + 1], positions[t : t + 1], cache=cache, absorb=absorb)
+                assert _rel(step[:, 0], full[:, -1]) < 1e-12
+    plain = MultiHeadLatentAttention(32, 4, q_lora_rank=16, kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=16,
+                                     v_head_dim=8).double().eval()
+    plain.load_state_dict(mla.state_dict())
+    with torch.no_grad():  # the scaling is not a no-op: plain RoPE gives another output at these positions
+        assert _rel(plain(x, positions, mask=causal_mask(prompt + steps))[0], full) > 1e-3
