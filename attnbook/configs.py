@@ -49,12 +49,13 @@ each against that class):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ._checks import check_int
 from .kvcache import kv_cache_bytes_per_token
-from .latent import DEEPSEEK_V3_MLA
+from .latent import DEEPSEEK_V3_MLA, DEEPSEEK_V3_ROPE
 
 __all__ = [
     "LAYER_KINDS",
@@ -68,6 +69,7 @@ __all__ = [
     "GPT_OSS_120B",
     "QWEN3_NEXT_80B",
     "CONFIGS",
+    "ROPE_PARAMETERS",
     "get_config",
     "kv_cache_by_layer",
     "format_bytes",
@@ -315,3 +317,23 @@ def format_bytes(n: float) -> str:
             v = n / size
             return f"{v:.3g} {unit}" if v < 1000 else f"{v:.0f} {unit}"  # 1000-1023: no "1.02e+03"
     return f"{n:.0f} B"
+
+
+# The released models' RoPE, per layer type, in transformers 5.x's ``rope_parameters`` form (what
+# :func:`attnbook.positional.rope_frequencies` takes), with the rotated width and the context lengths. Read from
+# their config.json: DeepSeek-V3's ``rope_scaling`` (YaRN x40 from 4096, max_position_embeddings 163840, the
+# 64-wide rope part of its keys); gpt-oss-120b's (YaRN x32 from 4096 with truncate false, rope_theta 150000,
+# head_dim 64, every layer; the same dict is transformers' GptOssConfig default); Gemma 3 27B's (rope_scaling
+# linear x8 with rope_theta 1e6, which transformers applies to the global layers only, and
+# rope_local_base_freq 1e4, plain, for the local ones; head_dim 128, max_position_embeddings 131072).
+ROPE_PARAMETERS: dict[str, dict[str, Any]] = {
+    "deepseek-v3": {"rotary_dim": 64, "max_position_embeddings": 163840,
+                    "full_attention": dict(DEEPSEEK_V3_ROPE)},
+    "gpt-oss-120b": {"rotary_dim": 64, "max_position_embeddings": 131072,
+                     "full_attention": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                                        "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+                                        "beta_slow": 1.0, "truncate": False}},
+    "gemma-3-27b": {"rotary_dim": 128, "max_position_embeddings": 131072,
+                    "full_attention": {"rope_type": "linear", "rope_theta": 1_000_000.0, "factor": 8.0},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+}

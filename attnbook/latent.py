@@ -23,18 +23,25 @@ The arithmetic, step by step (DeepSeek-AI, "DeepSeek-V2", 2024, section 2.1; the
    and the token has one Dr-wide key ``k_rope`` shared by all heads (multi-query style), both rotated by
    :func:`attnbook.positional.apply_rotary`. The score of head h is
    ``(q_nope_h . k_nope_h + q_rope_h . k_rope) / sqrt(Dn + Dr)``: the scale is ``qk_head_dim ** -0.5``, as
-   in Hugging Face (its YaRN ``mscale`` correction only applies under rope scaling, which is out of scope).
+   in Hugging Face; under YaRN (``rope_scaling``, DeepSeek-V3's x40) the rope frequencies are
+   :func:`attnbook.positional.rope_frequencies`' and the scale is multiplied by
+   ``yarn_mscale(factor, mscale_all_dim) ** 2`` (1.874 for DeepSeek-V3), as DeepSeek's own code does.
 3. **Latent cache** (:class:`LatentKVCache`). What a later token needs from this one is c_kv and the
    rotated k_rope: ``Dc + Dr`` numbers per token and layer, whatever H is (DeepSeek-V3: 512 + 64 = 576,
    where multi-head attention with 128 heads of 128 caches 32768; :func:`mla_cache_elements_per_token`).
-4. **Two ways to decode from it.** *Naive*: push the whole cache through ``kv_b_proj`` at every step, into
-   per-head keys and values (B, H, S, D) and (B, H, S, Dv), then attend. *Absorbed*: matrix products
+4. **Three ways to decode.** *Naive* (what Hugging Face's ``DeepseekV3Attention`` does with its cache):
+   push the whole latent cache through ``kv_b_proj`` at every step, into per-head keys and values
+   (B, H, S, D) and (B, H, S, Dv), then attend. *Expanded cache* (DeepSeek-V3's ``attn_impl="naive"``):
+   cache those per-head keys and values themselves (a :class:`attnbook.KVCache` passed as ``cache``), so
+   each step expands only the new token, and reads ``H * (D + Dv)`` numbers per cached token. *Absorbed*: matrix products
    associate, so ``q_nope . (W_UK c) = (W_UK^T q_nope) . c``: one small product turns the query into a
    query in latent space, and its score against a cached token is ``q_latent . c_kv + q_rope . k_rope``, a
    dot product with the cached row ``[c_kv | k_rope]`` itself. Likewise ``sum_s w_s (W_UV c_s) =
    W_UV (sum_s w_s c_s)``: attend over the c_kv rows, then apply W_UV once per head. Decoding becomes
    multi-query attention with ONE key/value head of width Dc + Dr whose values are the first Dc features
-   of its keys, and per-head keys and values are never built (:meth:`MultiHeadLatentAttention.attend_absorbed`).
+   of its keys, and per-head keys and values are never built (:meth:`MultiHeadLatentAttention.attend_absorbed`;
+   DeepSeek-V3's ``attn_impl="absorb"``). :func:`mla_step_cost` counts the multiply-adds and the bytes read
+   of each form, for a decoding step and for a prefill.
 5. **Why RoPE had to be decoupled** (:func:`absorb_through_rotated_key`): rotate the up-projected key
    instead, and the matrix to fold becomes ``R_(s-t) W_UK``: one per distance between query and key, not
    one per layer.
@@ -59,8 +66,9 @@ import torch.nn as nn
 
 from ._checks import check_int, shape_str
 from .core import check_mask, scaled_dot_product_attention
+from .kvcache import KVCache
 from .mha import merge_heads
-from .positional import apply_rotary
+from .positional import apply_rotary, rope_frequencies, yarn_mscale
 
 __all__ = [
     "MultiHeadLatentAttention",
@@ -71,6 +79,9 @@ __all__ = [
     "mla_cache_bytes_per_token",
     "LatentConfig",
     "DEEPSEEK_V3_MLA",
+    "DEEPSEEK_V3_ROPE",
+    "MLA_FORMS",
+    "mla_step_cost",
 ]
 
 
@@ -99,6 +110,20 @@ DEEPSEEK_V3_MLA: LatentConfig = {
     "qk_rope_head_dim": 64,
     "v_head_dim": 128,
     "num_hidden_layers": 61,
+}
+
+
+# DeepSeek-V3's rope_scaling in its config.json (with rope_theta 10000 and max_position_embeddings 163840):
+# YaRN from the 4096 positions of pre-training to 40 times as many.
+DEEPSEEK_V3_ROPE: dict[str, Any] = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 40.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
 }
 
 
@@ -249,6 +274,10 @@ class MultiHeadLatentAttention(nn.Module):
         qk_rope_head_dim: Dr, each head's query features, and the shared key's, that RoPE rotates (even).
         v_head_dim: Dv, each head's value width.
         rope_base: the RoPE base (``rope_theta``).
+        rope_scaling: None for plain RoPE, or the rest of the config's ``rope_parameters`` (without
+            ``rope_theta``), e.g. DeepSeek-V3's YaRN (:data:`DEEPSEEK_V3_ROPE` less its theta): the
+            frequencies and attention factor of :func:`attnbook.positional.rope_frequencies`, and with
+            ``mscale_all_dim`` set the softmax scale multiplied by ``yarn_mscale(factor, mscale_all_dim) ** 2``.
         rope_interleave: which features RoPE pairs. ``True`` (DeepSeek's layout and ``DeepseekV3Config``'s
             default): ``(0, 1), (2, 3), ...``, i.e. ``apply_rotary(..., interleaved=True)``; ``False``: ``(i, i +
             Dr/2)``. Hugging Face's interleaved function returns the rotated features de-interleaved (evens, then
@@ -260,7 +289,6 @@ class MultiHeadLatentAttention(nn.Module):
     Submodules: ``kv_a_proj_with_mqa`` (E -> Dc + Dr: the latent and the shared RoPE key, "with MQA" because
     that key is one for all heads), ``kv_a_layernorm`` (RMSNorm over the Dc latent features), ``kv_b_proj``
     (Dc -> H * (Dn + Dv): W_UK and W_UV, head by head), ``o_proj`` (H * Dv -> E), and the query's.
-    Rope scaling (YaRN, DeepSeek-V3's long-context setting) is out of scope: plain RoPE only.
 
     ``forward(x, positions=None, mask=None, *, cache=None, absorb=False, need_weights=False)`` returns
     ``(out (B, T, E), weights (B, H, T, S) or None)``.
@@ -277,6 +305,7 @@ class MultiHeadLatentAttention(nn.Module):
         qk_rope_head_dim: int,
         v_head_dim: int,
         rope_base: float = 10000.0,
+        rope_scaling: Mapping[str, Any] | None = None,
         rope_interleave: bool = True,
         attention_bias: bool = False,
         rms_norm_eps: float = 1e-6,
@@ -306,7 +335,17 @@ class MultiHeadLatentAttention(nn.Module):
         if not rms_norm_eps > 0:
             raise ValueError(f"rms_norm_eps must be a positive number, got {rms_norm_eps!r}")
         self.qk_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim  # D = Dn + Dr
+        self.rope_scaling = None if rope_scaling is None else dict(rope_scaling)
+        if self.rope_scaling is not None and "rope_theta" in self.rope_scaling:
+            raise ValueError(f"rope_scaling must not hold rope_theta ({self.rope_scaling['rope_theta']!r}): "
+                             "the base is rope_base")
+        rope = {**(self.rope_scaling or {}), "rope_theta": self.rope_base}
+        self.rope_inv_freq, self.rope_attention_factor = rope_frequencies(self.qk_rope_head_dim, rope)  # (Dr/2,)
         self.scaling = self.qk_head_dim ** -0.5  # 1 / sqrt(Dn + Dr), as Hugging Face without rope scaling
+        if self.rope_scaling is not None and self.rope_scaling.get("mscale_all_dim"):
+            # DeepSeek's YaRN temperature goes into the softmax scale (its modelling code's yarn_get_mscale)
+            self.scaling *= yarn_mscale(float(self.rope_scaling["factor"]),
+                                        float(self.rope_scaling["mscale_all_dim"])) ** 2
         H, D = self.num_heads, self.qk_head_dim
 
         # queries: E -> H * D, directly or through a Dcq-wide bottleneck
@@ -332,14 +371,19 @@ class MultiHeadLatentAttention(nn.Module):
         return (f"d_model={self.d_model}, num_heads={self.num_heads}, q_lora_rank={self.q_lora_rank}, "
                 f"kv_lora_rank={self.kv_lora_rank}, qk_nope_head_dim={self.qk_nope_head_dim}, "
                 f"qk_rope_head_dim={self.qk_rope_head_dim}, v_head_dim={self.v_head_dim}, "
-                f"rope_interleave={self.rope_interleave}")
+                f"rope_interleave={self.rope_interleave}"
+                + ("" if self.rope_scaling is None else f", rope_scaling={self.rope_scaling}"))
 
     # -- the pieces, in the order a token goes through them
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """RoPE as this layer applies it: :func:`attnbook.positional.apply_rotary` with ``rope_base`` and
-        ``interleaved=rope_interleave``, over the last dim of ``x`` ``(..., T, Dr)``."""
-        return apply_rotary(x, positions, base=self.rope_base, interleaved=self.rope_interleave)
+        """RoPE as this layer applies it: :func:`attnbook.positional.apply_rotary` with the frequencies and
+        attention factor of ``rope_base`` and ``rope_scaling`` and ``interleaved=rope_interleave``, over the
+        last dim of ``x`` ``(..., T, Dr)``."""
+        if x.shape[-1] != self.qk_rope_head_dim:  # the coupled variant of absorb_through_rotated_key: plain RoPE
+            return apply_rotary(x, positions, base=self.rope_base, interleaved=self.rope_interleave)
+        return apply_rotary(x, positions, interleaved=self.rope_interleave, inv_freq=self.rope_inv_freq,
+                            attention_factor=self.rope_attention_factor)
 
     def _positions(self, positions: torch.Tensor | Sequence[float] | None, B: int, T: int, offset: int,
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -444,7 +488,7 @@ class MultiHeadLatentAttention(nn.Module):
         positions: torch.Tensor | Sequence[float] | None = None,
         mask: torch.Tensor | None = None,
         *,
-        cache: LatentKVCache | None = None,
+        cache: LatentKVCache | KVCache | None = None,
         absorb: bool = False,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -456,8 +500,11 @@ class MultiHeadLatentAttention(nn.Module):
                 ``len(cache) + arange(T)`` (``arange(T)`` without a cache).
             mask: bool (True = may attend) or float, broadcastable to ``(B, H, T, S)``; ``None`` = every key.
                 A prompt needs ``causal_mask(T, S, offset=S - T)``; one new token needs none.
-            cache: a :class:`LatentKVCache`; the new tokens' ``[c_kv | k_rope]`` rows are appended to it and the
-                queries attend over everything it holds (S = cached + new).
+            cache: a :class:`LatentKVCache`: the new tokens' ``[c_kv | k_rope]`` rows are appended to it and the
+                queries attend over everything it holds (S = cached + new). Or a :class:`attnbook.KVCache`
+                (or ``StaticKVCache``): the expanded form, DeepSeek-V3's ``attn_impl="naive"``: only the new
+                tokens are expanded, and their per-head keys ``[k_nope | k_rope] (B, H, T, D)`` and values
+                ``(B, H, T, Dv)`` are cached (``H * (D + Dv)`` numbers per token); not with ``absorb=True``.
             absorb: ``False``: re-expand the latents into per-head keys and values (:meth:`attend_naive`);
                 ``True``: fold W_UK into the query and W_UV into the output (:meth:`attend_absorbed`). The same
                 result, up to rounding.
@@ -467,13 +514,18 @@ class MultiHeadLatentAttention(nn.Module):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (B, T, {self.d_model}) (batch-first), got {shape_str(x)}")
-        if cache is not None and not isinstance(cache, LatentKVCache):
-            raise TypeError(f"cache must be a LatentKVCache (an MLA layer caches latents, not keys and values), "
-                            f"got {type(cache).__name__}")
+        if cache is not None and not isinstance(cache, (LatentKVCache, KVCache)):
+            raise TypeError(f"cache must be a LatentKVCache (the latents) or a KVCache (the expanded keys and "
+                            f"values), got {type(cache).__name__}")
+        if isinstance(cache, KVCache) and absorb:
+            raise ValueError("absorb=True reads latents, but cache is a KVCache of expanded keys and values: "
+                             "pass a LatentKVCache, or absorb=False")
         B, T, _ = x.shape
         q_pos, k_pos = self._positions(positions, B, T, 0 if cache is None else len(cache), x.device)
         q_nope, q_rope = self.queries(x, q_pos)  # (B, H, T, Dn), (B, H, T, Dr)
         c_kv, k_rope = self.latents(x, k_pos)  # (B, T, Dc), (B, T, Dr)
+        if isinstance(cache, KVCache):
+            return self._attend_expanded_cache(q_nope, q_rope, c_kv, k_rope, cache, mask, need_weights)
         if cache is None:
             latent = torch.cat([c_kv, k_rope], dim=-1)  # (B, S, Dc + Dr), S = T
         else:
@@ -484,13 +536,26 @@ class MultiHeadLatentAttention(nn.Module):
         out, weights = attend(q_nope, q_rope, latent, mask)
         return out, (weights if need_weights else None)
 
+    def _attend_expanded_cache(self, q_nope: torch.Tensor, q_rope: torch.Tensor, c_kv: torch.Tensor,
+                               k_rope: torch.Tensor, cache: KVCache, mask: torch.Tensor | None,
+                               need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Expand only the new tokens, cache their per-head keys and values, attend over the whole cache."""
+        B, H, T, _ = q_nope.shape
+        k_nope, v = self.expand(c_kv)  # (B, H, T, Dn), (B, H, T, Dv): the new tokens only
+        k = torch.cat([k_nope, k_rope[:, None].expand(B, H, T, self.qk_rope_head_dim)], dim=-1)  # (B, H, T, D)
+        k_all, v_all = cache.append(k, v)  # (B, H, S, D), (B, H, S, Dv)
+        q = torch.cat([q_nope, q_rope], dim=-1)  # (B, H, T, D)
+        out, weights = scaled_dot_product_attention(q, k_all, v_all, mask, scale=self.scaling)  # (B, H, T, Dv)
+        return self.o_proj(merge_heads(out)), (weights if need_weights else None)  # (B, T, E)
+
     @classmethod
     def from_hf(cls, module: nn.Module) -> MultiHeadLatentAttention:
         """A copy of a Hugging Face ``transformers`` ``DeepseekV3Attention`` (same weights, device and dtype).
 
-        The state dict loads 1:1 (strict: every name and shape must match). Plain RoPE only: a config
-        whose ``rope_parameters`` ask for another ``rope_type`` (YaRN, as DeepSeek-V3's own) raises a
-        ``ValueError``, and so do fewer key/value heads than heads (Hugging Face's MLA expands every head).
+        The state dict loads 1:1 (strict: every name and shape must match). RoPE may be plain or scaled
+        (the config's ``rope_parameters``, YaRN as DeepSeek-V3's own, or linear: ``rope_scaling``); another
+        ``rope_type`` raises a ``ValueError`` naming it, and so do fewer key/value heads than heads (Hugging
+        Face's MLA expands every head).
         Dropout on the weights (``attention_dropout``, training only) is not carried over.
         """
         try:
@@ -503,10 +568,14 @@ class MultiHeadLatentAttention(nn.Module):
         hf_attn: Any = module  # its attributes, as transformers names them
         config: Any = hf_attn.config
         rope = dict(getattr(config, "rope_parameters", None) or {})
-        rope_type = rope.get("rope_type", "default")
+        if not rope:  # transformers 4.x: rope_theta and rope_scaling side by side
+            rope = {**(getattr(config, "rope_scaling", None) or {}), "rope_theta": getattr(config, "rope_theta", 10000.0)}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        rope_scaling = None
         if rope_type != "default":
-            raise ValueError(f"rope scaling is out of scope: the config's rope_type is {rope_type!r}, "
-                             f"only plain RoPE ('default') is supported")
+            rope_scaling = {k: v for k, v in rope.items()
+                            if k not in ("rope_theta", "type", "partial_rotary_factor") and v is not None}
+            rope_scaling["rope_type"] = rope_type
         if config.num_key_value_heads != config.num_attention_heads:
             raise ValueError(f"num_key_value_heads={config.num_key_value_heads} must equal num_attention_heads="
                              f"{config.num_attention_heads}")
@@ -519,6 +588,7 @@ class MultiHeadLatentAttention(nn.Module):
             qk_rope_head_dim=config.qk_rope_head_dim,
             v_head_dim=config.v_head_dim,
             rope_base=float(rope.get("rope_theta", 10000.0)),
+            rope_scaling=rope_scaling,
             rope_interleave=bool(config.rope_interleave),
             attention_bias=bool(config.attention_bias),
             rms_norm_eps=float(hf_attn.kv_a_layernorm.variance_epsilon),
@@ -719,3 +789,71 @@ def mla_cache_bytes_per_token(config: Mapping[str, Any], dtype: torch.dtype = to
     itemsize = torch.empty((), dtype=dtype).element_size()
     layers = _check_config(config)["num_hidden_layers"] if all_layers else 1
     return {name: n * itemsize * layers for name, n in elements.items()}
+
+
+# ----------------------------------------------------------------------------- the work of a step
+
+#: The three ways an MLA layer attends, in :func:`mla_step_cost`'s names.
+MLA_FORMS = ("naive", "expanded", "absorbed")
+
+_COST_KEYS = ("num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def mla_step_cost(config: Mapping[str, Any], S: int, form: str, *, T: int = 1, dtype_bytes: int = 2,
+                  batch_size: int = 1) -> dict[str, int]:
+    """Multiply-adds and bytes read by one MLA layer's attention for T new tokens over S cached ones
+    (T = 1: a decoding step; T = S: a prefill, whose keys are the prompt's own), in one of :data:`MLA_FORMS`.
+
+    Counted: the work that differs between the forms, from the latents of the new tokens
+    (``c_kv (T, Dc)``, ``k_rope (T, Dr)``) and the queries (``q_nope (H, T, Dn)``, ``q_rope (H, T, Dr)``)
+    to the heads' outputs ``(H, T, Dv)`` (``o_proj`` and the projections from x are the same in every
+    form and left out); per sequence, times ``batch_size`` (the weights are read once for the batch).
+    Returned, as ints:
+
+    * ``"macs"``: multiply-adds (a causal prefill's masked half is counted too, as a dense kernel does);
+    * ``"cache_bytes"``: what the cache holds after the step, at ``dtype_bytes`` a number;
+    * ``"built_bytes"``: the per-head keys and values the step builds in memory;
+    * ``"bytes_read"``: what the step reads: the cache, ``kv_b_proj`` (``Dc * H * (Dn + Dv)`` numbers), and
+      the keys and values it built (read back by the attention, as an unfused implementation does).
+
+    With H, Dn, Dr, Dv, Dc as in the module's legend and D = Dn + Dr:
+
+    * ``"naive"`` (Hugging Face's ``DeepseekV3Attention`` with its cache, and this module's
+      ``absorb=False`` with a :class:`LatentKVCache`): re-expand all S latents, ``S * Dc * H * (Dn + Dv)``,
+      then attend, ``H * T * S * (D + Dv)``; caches ``S * (Dc + Dr)``, builds ``S * H * (D + Dv)``.
+    * ``"expanded"`` (DeepSeek-V3's ``attn_impl="naive"``; a :class:`attnbook.KVCache`): expand only the T
+      new tokens, ``T * Dc * H * (Dn + Dv)``, attend the same; caches ``S * H * (D + Dv)``.
+    * ``"absorbed"`` (``attn_impl="absorb"``): fold W_UK into the queries, ``H * T * Dn * Dc``, attend
+      over the latents, ``H * T * S * ((Dc + Dr) + Dc)``, apply W_UV, ``H * T * Dc * Dv``; caches
+      ``S * (Dc + Dr)``, builds nothing per head.
+    """
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a mapping of config.json's names to sizes, got {type(config).__name__}")
+    missing = [k for k in _COST_KEYS if k not in config]
+    if missing:
+        raise ValueError(f"config is missing {missing} (it needs {list(_COST_KEYS)})")
+    c = {k: check_int(f"config[{k!r}]", config[k]) for k in _COST_KEYS}
+    if form not in MLA_FORMS:
+        raise ValueError(f"form must be one of {MLA_FORMS}, got {form!r}")
+    S = check_int("S", S)
+    T = check_int("T", T, 1, S)
+    nbytes = check_int("dtype_bytes", dtype_bytes)
+    batch = check_int("batch_size", batch_size)
+    H, Dc, Dn, Dr, Dv = (c["num_attention_heads"], c["kv_lora_rank"], c["qk_nope_head_dim"], c["qk_rope_head_dim"],
+                         c["v_head_dim"])
+    D = Dn + Dr
+    weights = Dc * H * (Dn + Dv)  # kv_b_proj
+    latent_cache = S * (Dc + Dr)
+    expanded_cache = S * H * (D + Dv)
+    if form == "naive":
+        macs = S * weights + H * T * S * (D + Dv)
+        held, built = latent_cache, expanded_cache  # every cached token expanded again
+    elif form == "expanded":
+        macs = T * weights + H * T * S * (D + Dv)
+        held, built = expanded_cache, T * H * (D + Dv)  # only the new tokens, which go into the cache
+    else:
+        macs = H * T * Dn * Dc + H * T * S * ((Dc + Dr) + Dc) + H * T * Dc * Dv
+        held, built = latent_cache, 0
+    read = held + (built if form == "naive" else 0)
+    return {"macs": batch * macs, "cache_bytes": batch * held * nbytes, "built_bytes": batch * built * nbytes,
+            "bytes_read": (batch * read + weights) * nbytes}

@@ -23,7 +23,9 @@ Gemma 3, and copies their weights with :meth:`LLMAttention.from_hf`:
   (Hugging Face's meaning of the number), and :func:`layer_masks` / :func:`layer_rope_bases` for a
   config's ``layer_types``, the interleaving of local and global layers (Gemma 3, gpt-oss);
 * RoPE in Hugging Face's half-split layout, with ``rope_base`` and ``partial_rotary_factor`` (Qwen3-Next
-  rotates only the first quarter of each head's features); ``scaling`` (Gemma 3's
+  rotates only the first quarter of each head's features), stretched for long contexts by ``rope_scaling``
+  (linear or YaRN, :func:`attnbook.positional.rope_frequencies`: Gemma 3's global layers, gpt-oss);
+  ``scaling`` (Gemma 3's
   ``query_pre_attn_scalar ** -0.5``) and ``attn_logit_softcapping`` (Gemma 2's tanh cap of the scores).
 
 Masks follow the package convention: bool, True = may attend; blocked scores get ``torch.finfo(dtype).min``
@@ -32,7 +34,7 @@ and a query row with no key left gets zero weights and a zero output.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -44,7 +46,7 @@ from ._checks import check_int, shape_str
 from .core import check_mask, scaled_dot_product_attention
 from .masks import causal_mask, sliding_window_mask
 from .mha import merge_heads, split_heads
-from .positional import apply_rotary
+from .positional import apply_rotary, rope_frequencies
 
 __all__ = [
     "LLMAttention",
@@ -52,6 +54,7 @@ __all__ = [
     "softmax_plus_one",
     "layer_masks",
     "layer_rope_bases",
+    "layer_rope_parameters",
     "LAYER_TYPES",
 ]
 
@@ -158,6 +161,12 @@ class LLMAttention(nn.Module):
         rope_base: RoPE's base (``rope_theta``); None for no RoPE (NoPE).
         partial_rotary_factor: the share of each head's D features that RoPE rotates (the first
             ``int(D * factor)``, an even number); the rest pass through (Qwen3-Next: 0.25).
+        rope_scaling: None for plain RoPE, or the rest of a config's ``rope_parameters`` (without
+            ``rope_theta``, which is ``rope_base``): ``{"rope_type": "linear", "factor": 8.0}`` (Gemma 3's
+            global layers), ``{"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings":
+            4096, ...}`` (gpt-oss). :func:`attnbook.positional.rope_frequencies` turns it into the
+            frequencies (``rope_inv_freq``) and the attention factor (``rope_attention_factor``, which
+            multiplies the rotated features of q and k, as Hugging Face's cos and sin).
         bias: biases on the four projections (gpt-oss: True).
         scaling: multiplies ``q . k``; default ``D ** -0.5`` (Gemma 3: ``query_pre_attn_scalar ** -0.5``).
         attn_logit_softcapping: None, or c > 0: scores become ``c * tanh(scores / c)`` before the mask
@@ -184,6 +193,7 @@ class LLMAttention(nn.Module):
         sliding_window: int | None = None,
         rope_base: float | None = 10000.0,
         partial_rotary_factor: float = 1.0,
+        rope_scaling: Mapping[str, Any] | None = None,
         bias: bool = False,
         scaling: float | None = None,
         attn_logit_softcapping: float | None = None,
@@ -221,6 +231,17 @@ class LLMAttention(nn.Module):
                 f"RoPE rotates pairs: int(head_dim * partial_rotary_factor) = int({head_dim} * "
                 f"{partial_rotary_factor}) = {self.rotary_dim} must be even and >= 2"
             )
+        self.rope_scaling = None if rope_scaling is None else dict(rope_scaling)
+        if self.rope_scaling is not None and "rope_theta" in self.rope_scaling:
+            raise ValueError(f"rope_scaling must not hold rope_theta ({self.rope_scaling['rope_theta']!r}): "
+                             "the base is rope_base")
+        if self.rope_scaling is not None and rope_base is None:
+            raise ValueError(f"rope_scaling={self.rope_scaling} needs RoPE, but rope_base is None (NoPE)")
+        self.rope_inv_freq: torch.Tensor | None = None  # (rotary_dim / 2,) float64
+        self.rope_attention_factor = 1.0
+        if self.rope_base is not None:
+            self.rope_inv_freq, self.rope_attention_factor = rope_frequencies(
+                self.rotary_dim, {**(self.rope_scaling or {}), "rope_theta": self.rope_base})
         if scaling is not None and not scaling > 0:
             raise ValueError(f"scaling must be positive, got {scaling!r}")
         self.scaling = head_dim**-0.5 if scaling is None else float(scaling)
@@ -255,6 +276,8 @@ class LLMAttention(nn.Module):
         parts.append(f"rope_base={self.rope_base}")
         if self.partial_rotary_factor != 1.0:
             parts.append(f"partial_rotary_factor={self.partial_rotary_factor}")
+        if self.rope_scaling is not None:
+            parts.append(f"rope_scaling={self.rope_scaling}")
         if self.attn_logit_softcapping is not None:
             parts.append(f"attn_logit_softcapping={self.attn_logit_softcapping}")
         return ", ".join(parts)
@@ -270,13 +293,16 @@ class LLMAttention(nn.Module):
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor | Sequence[int] | None = None) -> torch.Tensor:
         """RoPE on ``x`` ``(B, heads, T, D)``: the first ``rotary_dim`` features rotated (half-split pairs,
-        as Hugging Face), the rest unchanged; ``x`` itself when ``rope_base`` is None."""
-        if self.rope_base is None:
+        as Hugging Face), the rest unchanged; ``x`` itself when ``rope_base`` is None. The frequencies and
+        the attention factor are ``rope_scaling``'s (:func:`attnbook.positional.rope_frequencies`)."""
+        if self.rope_base is None or self.rope_inv_freq is None:
             return x
+        inv_freq, factor = self.rope_inv_freq, self.rope_attention_factor
         if self.rotary_dim == self.head_dim:
-            return apply_rotary(x, positions, base=self.rope_base)  # (B, heads, T, D)
+            return apply_rotary(x, positions, inv_freq=inv_freq, attention_factor=factor)  # (B, heads, T, D)
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]  # (B, heads, T, rotary_dim), the rest
-        return torch.cat([apply_rotary(rot, positions, base=self.rope_base), rest], dim=-1)  # (B, heads, T, D)
+        rot = apply_rotary(rot, positions, inv_freq=inv_freq, attention_factor=factor)
+        return torch.cat([rot, rest], dim=-1)  # (B, heads, T, D)
 
     def project(
         self, x: torch.Tensor, positions: torch.Tensor | Sequence[int] | None = None
@@ -369,8 +395,9 @@ class LLMAttention(nn.Module):
         """An ``LLMAttention`` with the weights and settings of one Hugging Face attention module:
         ``Qwen3Attention``, ``GptOssAttention``, ``Qwen3NextAttention``, ``Gemma3Attention`` or
         ``Gemma2Attention`` (read from the module and its ``config``; ``transformers`` itself is not
-        imported). RoPE must be the default kind (``rope_type="default"``); YaRN and the other scalings raise
-        a ``ValueError``. Gemma 2 soft-caps its scores (``attn_logit_softcapping``); Gemma 3 replaced that
+        imported). RoPE may be plain (``rope_type="default"``), linear or YaRN (``rope_scaling``; for Gemma 3
+        the parameters of the layer's own type, :func:`layer_rope_parameters`); another kind raises a
+        ``ValueError`` naming it. Gemma 2 soft-caps its scores (``attn_logit_softcapping``); Gemma 3 replaced that
         with QK-norm, and its attention does not apply the ``attn_logit_softcapping`` its config still has.
 
         Given the same input, RoPE positions and the mask Hugging Face builds for that layer, the output
@@ -388,8 +415,7 @@ class LLMAttention(nn.Module):
             rope = rope[hf.layer_type]  # one RoPE per layer type
         if not getattr(hf, "is_causal", True):
             raise ValueError(f"this {kind} is bidirectional (use_bidirectional_attention=True); LLMAttention is causal")
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"{kind} uses rope_type={rope['rope_type']!r}; only 'default' RoPE is supported")
+        rope_scaling = _rope_scaling(rope)
         H, D = config.num_attention_heads, hf.head_dim
         q_norm: Any = getattr(hf, "q_norm", None)
         eps: Any = 1e-6 if q_norm is None else getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", None))
@@ -405,6 +431,7 @@ class LLMAttention(nn.Module):
             sliding_window=getattr(hf, "sliding_window", None),
             rope_base=float(rope["rope_theta"]),
             partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)),
+            rope_scaling=rope_scaling,
             bias=hf.q_proj.bias is not None,
             scaling=float(hf.scaling),
             attn_logit_softcapping=hf.attn_logit_softcapping if softcaps else None,
@@ -438,6 +465,19 @@ class LLMAttention(nn.Module):
             if new.sinks is not None:
                 new.sinks.copy_(hf.sinks)
         return new
+
+
+def _rope_scaling(rope: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A config's ``rope_parameters`` (one layer type's) as ``LLMAttention``'s ``rope_scaling``: None for
+    plain RoPE, else everything but the base and the rotated share."""
+    if not isinstance(rope, Mapping):
+        raise TypeError(f"rope_parameters must be a mapping, got {type(rope).__name__}")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "default":
+        return None
+    scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor", "type")}
+    scaling["rope_type"] = rope_type
+    return scaling
 
 
 # The Hugging Face attention classes from_hf reads: (their RMSNorm multiplies by 1 + weight, they soft-cap
@@ -484,15 +524,59 @@ def layer_masks(
     return [by_type[kind] for kind in types]
 
 
-def layer_rope_bases(
-    layer_types: Sequence[str], *, full_attention: float = 1_000_000.0, sliding_attention: float = 10_000.0
-) -> list[float]:
-    """RoPE's base for each layer of ``layer_types``: Gemma 3 rotates its local layers with base 10^4
-    (``rope_local_base_freq``) and its global layers with 10^6 (``rope_theta``), the defaults here."""
-    types = _check_layer_types(layer_types)
-    for name, base in (("full_attention", full_attention), ("sliding_attention", sliding_attention)):
-        if isinstance(base, bool) or not isinstance(base, (int, float)):
-            raise TypeError(f"{name} must be a number (a RoPE base), got {type(base).__name__} {base!r}")
-        if not base > 1:
-            raise ValueError(f"{name} must be a RoPE base > 1, got {base!r}")
-    return [float(full_attention if kind == "full_attention" else sliding_attention) for kind in types]
+def layer_rope_parameters(config: object) -> list[dict[str, Any]]:
+    """The RoPE parameters of each of a config's N layers, read from the config itself.
+
+    ``config`` is a ``transformers`` config or a mapping (its ``config.json``) with ``layer_types`` and
+    ``rope_parameters``. Where ``rope_parameters`` is nested by layer type (Gemma 3 in transformers 5.x:
+    ``{"sliding_attention": {...}, "full_attention": {...}}``), layer i gets the entry of
+    ``layer_types[i]``; where it is one flat dict (gpt-oss), every layer gets it. A config without
+    ``rope_parameters`` (older ``transformers``, or a ``config.json``) is read the older way:
+    ``rope_theta`` and ``rope_scaling`` for the global layers and ``rope_local_base_freq`` (Gemma 3) or
+    ``rope_theta`` for the local ones. Each entry is a new dict with at least ``rope_type`` and
+    ``rope_theta``, as :func:`attnbook.positional.rope_frequencies` takes it (which checks the rest).
+    """
+    def get(name: str) -> Any:
+        if isinstance(config, Mapping):
+            return config.get(name)
+        return getattr(config, name, None)
+
+    types = _check_layer_types(get("layer_types"))
+    rope = get("rope_parameters")
+    by_type: dict[str, dict[str, Any]] = {}
+    if rope is not None:
+        if not isinstance(rope, Mapping):
+            raise TypeError(f"config's rope_parameters must be a mapping, got {type(rope).__name__}")
+        nested = [kind for kind in LAYER_TYPES if kind in rope]
+        for kind in set(types):
+            if nested:
+                if kind not in rope or not isinstance(rope[kind], Mapping):
+                    raise ValueError(f"config's rope_parameters is nested by layer type ({nested}) but has no "
+                                     f"entry for the layer type {kind!r} of its layer_types")
+                by_type[kind] = dict(rope[kind])
+            else:
+                by_type[kind] = dict(rope)
+    else:
+        theta = get("rope_theta")
+        if theta is None:
+            raise ValueError("config has neither rope_parameters nor rope_theta: no RoPE to read")
+        scaling = dict(get("rope_scaling") or {})
+        scaling["rope_type"] = scaling.pop("rope_type", scaling.pop("type", "default"))
+        by_type["full_attention"] = {**scaling, "rope_theta": theta}
+        local = get("rope_local_base_freq")
+        by_type["sliding_attention"] = ({"rope_type": "default", "rope_theta": local} if local is not None
+                                        else dict(by_type["full_attention"]))
+    out = []
+    for kind in types:
+        entry = dict(by_type[kind])
+        entry["rope_type"] = entry.pop("rope_type", entry.pop("type", "default"))
+        entry.setdefault("rope_theta", 10000.0)
+        out.append(entry)
+    return out
+
+
+def layer_rope_bases(config: object) -> list[float]:
+    """RoPE's base (``rope_theta``) of each layer of a config, from :func:`layer_rope_parameters`: Gemma 3
+    rotates its local layers with base 10^4 and its global layers with 10^6 (and stretches the global
+    ones linearly, by 8 in the released models); gpt-oss has one base, 150,000, for every layer."""
+    return [float(entry["rope_theta"]) for entry in layer_rope_parameters(config)]

@@ -15,7 +15,9 @@ different places:
   ``LearnedPositionalEmbedding``);
 * added to the scores as a float ``mask`` (``RelativePositionBias``, T5;
   ``alibi_bias``, ALiBi);
-* rotating the queries and keys before the dot product (``apply_rotary``, RoPE).
+* rotating the queries and keys before the dot product (``apply_rotary``, RoPE),
+  with the frequencies of a config's ``rope_parameters`` (``rope_frequencies``: plain,
+  linear position interpolation, YaRN) for contexts longer than the model was trained on.
 
 Float biases follow attnbook's mask convention (:mod:`attnbook.core`): they
 are added to the scores, and a blocked key holds ``torch.finfo(dtype).min``.
@@ -24,7 +26,8 @@ are added to the scores, and a blocked key holds ``torch.finfo(dtype).min``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -41,6 +44,10 @@ __all__ = [
     "RelativePositionBias",
     "apply_rotary",
     "rotary_permutation",
+    "rope_frequencies",
+    "yarn_ramp",
+    "yarn_mscale",
+    "ROPE_TYPES",
     "alibi_slopes",
     "alibi_bias",
 ]
@@ -323,7 +330,15 @@ class RelativePositionBias(nn.Module):
 # ---------------------------------------------------------------------------
 
 
-def apply_rotary(x: torch.Tensor, positions: torch.Tensor | Sequence[float] | None = None, *, base: float = 10000.0, interleaved: bool = False) -> torch.Tensor:
+def apply_rotary(
+    x: torch.Tensor,
+    positions: torch.Tensor | Sequence[float] | None = None,
+    *,
+    base: float = 10000.0,
+    interleaved: bool = False,
+    inv_freq: torch.Tensor | None = None,
+    attention_factor: float = 1.0,
+) -> torch.Tensor:
     """Rotate pairs of features of ``x`` ``(..., T, D)`` by position-dependent angles.
 
     Pair ``i`` (``i = 0 .. D/2 - 1``) of the token at position ``m`` is rotated
@@ -343,8 +358,14 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor | Sequence[float] | No
             (RoFormer, GPT-J, Meta's Llama checkpoints); ``False`` pairs
             ``(i, i + D/2)`` (GPT-NeoX, Hugging Face's ``rotate_half``). See
             :func:`rotary_permutation` to move weights between the two.
+        inv_freq: ``(D/2,)`` the angle per position of each pair, in place of ``base^(-2i / D)``
+            (then ``base`` is not used): the scaled frequencies of :func:`rope_frequencies`.
+        attention_factor: multiplies the rotated features (Hugging Face multiplies its cos and sin
+            by it); YaRN's temperature, :func:`rope_frequencies`' second result. Applied to queries
+            and keys, it multiplies every score by ``attention_factor ** 2``.
 
-    The rotation is computed in at least float32 and returned in ``x.dtype``.
+    The angles are computed in float64 (at position 100,000 a float32 angle is only good to
+    about 0.004 rad), the rotation in at least float32, returned in ``x.dtype``.
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -373,9 +394,20 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor | Sequence[float] | No
             f"positions of shape {tuple(positions.shape)} must be (T,) = ({T},) or broadcast to "
             f"x.shape[:-1] = {tuple(x.shape[:-1])}"
         )
-    inv_freq = _inverse_frequencies(D, base, torch.float64, x.device)  # (D/2,)
-    angles = positions.to(torch.float64)[..., None] * inv_freq  # (..., T, D/2)
-    cos, sin = torch.cos(angles).to(work), torch.sin(angles).to(work)  # (..., T, D/2)
+    if inv_freq is None:
+        freqs = _inverse_frequencies(D, base, torch.float64, x.device)  # (D/2,)
+    else:
+        if not isinstance(inv_freq, torch.Tensor) or not inv_freq.dtype.is_floating_point:
+            raise TypeError(f"inv_freq must be a floating-point torch.Tensor, got {type(inv_freq).__name__}")
+        if tuple(inv_freq.shape) != (D // 2,):
+            raise ValueError(f"inv_freq must be (D/2,) = ({D // 2},), one frequency per pair of x {shape_str(x)}; "
+                             f"got {shape_str(inv_freq)}")
+        freqs = inv_freq.to(device=x.device, dtype=torch.float64)  # (D/2,)
+    if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)) or not attention_factor > 0:
+        raise ValueError(f"attention_factor must be a positive number, got {attention_factor!r}")
+    angles = positions.to(torch.float64)[..., None] * freqs  # (..., T, D/2)
+    cos = (torch.cos(angles) * attention_factor).to(work)  # (..., T, D/2)
+    sin = (torch.sin(angles) * attention_factor).to(work)  # (..., T, D/2)
     xw = x.to(work)
     if interleaved:
         x1, x2 = xw[..., 0::2], xw[..., 1::2]  # (..., T, D/2) each
@@ -405,6 +437,163 @@ def rotary_permutation(D: int, *, inverse: bool = False, device: Device = None) 
         raise ValueError(f"RoPE pairs features, so D must be even; got D={D}")
     perm = torch.cat((torch.arange(0, D, 2, device=device), torch.arange(1, D, 2, device=device)))  # (D,)
     return torch.argsort(perm) if inverse else perm
+
+
+# ---------------------------------------------------------------------------
+# RoPE for long contexts: position interpolation (Chen et al., 2023), NTK-aware
+# scaling (bloc97, 2023) and YaRN (Peng et al., 2023)
+# ---------------------------------------------------------------------------
+
+#: The ``rope_type`` values :func:`rope_frequencies` knows (Hugging Face's names).
+ROPE_TYPES = ("default", "linear", "yarn")
+
+_ROPE_KEYS = {
+    "default": ({"rope_type", "rope_theta"}, set()),
+    "linear": ({"rope_type", "rope_theta", "factor"}, set()),
+    "yarn": ({"rope_type", "rope_theta", "factor", "original_max_position_embeddings"},
+             {"beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"}),
+}
+# keys a config may carry next to these, which set nothing here (partial_rotary_factor is the layer's)
+_ROPE_IGNORED = {"partial_rotary_factor", "type", "max_position_embeddings"}
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's temperature ``0.1 * mscale * ln(scale) + 1`` (1 when ``scale <= 1``): the factor by which
+    YaRN multiplies queries and keys (Peng et al. 2023, eq. 22 with ``sqrt(1/t) = 0.1 ln(s) + 1``).
+    DeepSeek's ``mscale`` / ``mscale_all_dim`` are its second argument: DeepSeek-V3 multiplies its
+    softmax scale by ``yarn_mscale(40, 1.0) ** 2 = 1.874``."""
+    for name, value in (("scale", scale), ("mscale", mscale)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0 (a context extension factor), got {scale!r}")
+    return 1.0 if scale <= 1 else 0.1 * float(mscale) * math.log(scale) + 1.0
+
+
+def _correction_dim(num_rotations: float, dim: int, base: float, original_max_position_embeddings: int) -> float:
+    """The (fractional) feature index 2i whose pair turns ``num_rotations`` times over the original context."""
+    return dim * math.log(original_max_position_embeddings / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
+
+
+def yarn_ramp(dim: int, base: float, original_max_position_embeddings: int, *, beta_fast: float = 32.0,
+              beta_slow: float = 1.0, truncate: bool = True) -> torch.Tensor:
+    """YaRN's share of interpolation for each of the ``dim / 2`` pairs (float64, in [0, 1]).
+
+    Pair i has wavelength ``2 pi / base^(-2i / dim)`` and turns ``L / wavelength`` times over the
+    original context ``L = original_max_position_embeddings``. Pairs that turn more than ``beta_fast``
+    times (the fast, high-frequency ones, low i) get 0: they are kept as trained (extrapolated, they
+    saw every angle during training). Pairs that turn fewer than ``beta_slow`` times get 1: fully
+    interpolated (their frequency divided by the factor, as position interpolation does). Between
+    the two bounds (``low``, ``high``: the pair indices where the rotation counts are ``beta_fast`` and
+    ``beta_slow``; rounded outwards with ``truncate``) the share rises linearly. As Hugging Face's
+    ``_compute_yarn_parameters``: ``inv_freq = inv_freq / factor * ramp + inv_freq * (1 - ramp)``.
+    """
+    dim = check_int("dim", dim)
+    if dim % 2:
+        raise ValueError(f"RoPE rotates pairs of features, so dim must be even; got dim={dim}")
+    base = _check_base(base)
+    original = check_int("original_max_position_embeddings", original_max_position_embeddings)
+    for name, value in (("beta_fast", beta_fast), ("beta_slow", beta_slow)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} must be a positive number of rotations, got {value!r}")
+    if beta_fast < beta_slow:
+        raise ValueError(f"beta_fast={beta_fast} must be >= beta_slow={beta_slow} (fast pairs turn more often)")
+    if not isinstance(truncate, bool):
+        raise TypeError(f"truncate must be a bool, got {type(truncate).__name__} {truncate!r}")
+    low = _correction_dim(beta_fast, dim, base, original)
+    high = _correction_dim(beta_slow, dim, base, original)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as Hugging Face: no division by zero
+    i = torch.arange(dim // 2, dtype=torch.float64)  # (D/2,)
+    return ((i - low) / (high - low)).clamp(0.0, 1.0)  # (D/2,)
+
+
+def _rope_number(rope: Mapping[str, Any], key: str, minimum: float) -> float:
+    value = rope[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"rope_parameters[{key!r}] must be a number, got {type(value).__name__} {value!r}")
+    if not value >= minimum:
+        raise ValueError(f"rope_parameters[{key!r}] must be >= {minimum}, got {value!r}")
+    return float(value)
+
+
+def rope_frequencies(dim: int, rope_parameters: Mapping[str, Any] | None = None, *,
+                     device: Device = None) -> tuple[torch.Tensor, float]:
+    """RoPE's inverse frequencies ``(dim/2,)`` (float64) and attention factor for a config's
+    ``rope_parameters`` (Hugging Face 5.x's name; its older ``rope_scaling`` dict plus ``rope_theta``).
+
+    ``dim`` is the number of rotated features (a head's, or ``int(head_dim * partial_rotary_factor)``).
+    ``rope_parameters`` (``None``: plain RoPE with base 10000) holds ``rope_type`` (or the older
+    ``type``), ``rope_theta`` (the base, default 10000) and, by type:
+
+    * ``"default"``: ``inv_freq_i = base^(-2i / dim)``, attention factor 1;
+    * ``"linear"`` (position interpolation, Chen et al. 2023): every frequency divided by ``factor``,
+      i.e. positions divided by ``factor``; attention factor 1;
+    * ``"yarn"`` (Peng et al. 2023): per pair, ``inv_freq / factor`` blended with ``inv_freq`` by
+      :func:`yarn_ramp` (``original_max_position_embeddings``, ``beta_fast`` default 32, ``beta_slow``
+      default 1, ``truncate`` default True); attention factor ``attention_factor`` if given, else
+      ``yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)`` when both are set
+      (DeepSeek: 1.0 / 1.0 = 1; its temperature goes into the softmax scale instead), else
+      ``yarn_mscale(factor)`` (gpt-oss, factor 32: 1.347).
+
+    An unknown ``rope_type``, a ``factor`` below 1, a missing or unknown key raise a ``ValueError``
+    naming it. The frequencies equal transformers' ``ROPE_INIT_FUNCTIONS`` (which computes them in
+    float32).
+    """
+    dim = check_int("dim", dim)
+    if dim % 2:
+        raise ValueError(f"RoPE rotates pairs of features, so dim must be even; got dim={dim}")
+    rope: dict[str, Any] = {} if rope_parameters is None else dict(_check_rope_mapping(rope_parameters))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in _ROPE_KEYS:
+        raise ValueError(f"rope_parameters['rope_type'] = {rope_type!r} is not supported; attnbook knows "
+                         f"{', '.join(ROPE_TYPES)}")
+    rope.setdefault("rope_type", rope_type)
+    rope.setdefault("rope_theta", 10000.0)
+    required, optional = _ROPE_KEYS[rope_type]
+    missing = sorted(required - set(rope))
+    if missing:
+        raise ValueError(f"rope_parameters of rope_type {rope_type!r} is missing {missing} "
+                         f"(it needs {sorted(required)})")
+    unknown = sorted(set(rope) - required - optional - _ROPE_IGNORED)
+    if unknown:
+        raise ValueError(f"rope_parameters has keys {unknown} that rope_type {rope_type!r} does not use "
+                         f"(it takes {sorted(required | optional)})")
+    base = rope["rope_theta"]
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
+        raise ValueError(f"rope_parameters['rope_theta'] must be a number > 1, got {base!r}")
+    inv_freq = _inverse_frequencies(dim, float(base), torch.float64, device)  # (D/2,)
+    if rope_type == "default":
+        return inv_freq, 1.0
+    factor = _rope_number(rope, "factor", 1.0)
+    if rope_type == "linear":
+        return inv_freq / factor, 1.0
+    original = rope["original_max_position_embeddings"]
+    for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor"):
+        if rope.get(key) is not None:
+            _rope_number(rope, key, 0.0)
+    ramp = yarn_ramp(dim, float(base), original, beta_fast=float(rope.get("beta_fast") or 32.0),
+                     beta_slow=float(rope.get("beta_slow") or 1.0),
+                     truncate=bool(rope.get("truncate", True))).to(device)  # (D/2,): 1 = interpolated
+    blended = inv_freq / factor * ramp + inv_freq * (1.0 - ramp)  # (D/2,)
+    attention_factor = rope.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = yarn_mscale(factor)
+    return blended, float(attention_factor)
+
+
+def _check_rope_mapping(rope_parameters: object) -> Mapping[str, Any]:
+    if not isinstance(rope_parameters, Mapping):
+        raise TypeError(f"rope_parameters must be a mapping (a config's rope_parameters), "
+                        f"got {type(rope_parameters).__name__}")
+    return rope_parameters
 
 
 # ---------------------------------------------------------------------------

@@ -323,3 +323,22 @@ def test_mla_matches_a_tiny_deepseek_v3():
     _run(model, torch.randint(0, 64, (2, 10)), cache)
     assert _cache_bytes(cache) == [2 * 10 * (16 + 4) * 2] * 2
     assert sum(_cache_bytes(cache)) == total(kv_cache_by_layer(cfg, 10, batch=2))
+
+
+def test_rope_parameters_of_the_released_models():
+    from attnbook.configs import ROPE_PARAMETERS
+    from attnbook.positional import rope_frequencies
+
+    assert set(ROPE_PARAMETERS) <= set(CONFIGS)
+    for key, entry in ROPE_PARAMETERS.items():
+        assert entry["max_position_embeddings"] == CONFIGS[key].max_position_embeddings
+        for kind in ("full_attention", "sliding_attention"):
+            if kind in entry:
+                inv_freq, factor = rope_frequencies(entry["rotary_dim"], entry[kind])  # valid settings
+                assert inv_freq.shape == (entry["rotary_dim"] // 2,) and factor >= 1.0
+        if entry["full_attention"]["rope_type"] == "yarn":  # the extension factor is the context's ratio
+            rope = entry["full_attention"]
+            assert rope["factor"] * rope["original_max_position_embeddings"] == entry["max_position_embeddings"]
+    transformers = pytest.importorskip("transformers")
+    if hasattr(transformers, "GptOssConfig") and hasattr(transformers.PretrainedConfig, "standardize_rope_params"):
+        assert transformers.GptOssConfig().rope_parameters == ROPE_PARAMETERS["gpt-oss-120b"]["full_attention"]

@@ -9,14 +9,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnbook import KVCache, causal_mask, kv_cache_bytes_per_token
+from attnbook import KVCache, StaticKVCache, causal_mask, kv_cache_bytes_per_token
 from attnbook.latent import (
     DEEPSEEK_V3_MLA,
+    MLA_FORMS,
     LatentKVCache,
     MultiHeadLatentAttention,
     absorb_through_rotated_key,
     mla_cache_bytes_per_token,
     mla_cache_elements_per_token,
+    mla_step_cost,
 )
 from attnbook.measure import tracked_memory
 
@@ -116,12 +118,12 @@ def test_per_sequence_positions_equal_hugging_face(deepseek_v3):
     assert (shifted[1, 9:] - ref[1, 9:]).abs().max() > 1e-3
 
 
-def test_from_hf_refuses_other_modules_and_rope_scaling(deepseek_v3):
+def test_from_hf_refuses_other_modules_and_unknown_rope_types(deepseek_v3):
     with pytest.raises(TypeError, match="DeepseekV3Attention, got Linear"):
         MultiHeadLatentAttention.from_hf(torch.nn.Linear(2, 2))
-    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32}
-    attn, _ = _hf(deepseek_v3, None, rope_parameters=yarn)
-    with pytest.raises(ValueError, match="rope scaling is out of scope.*'yarn'"):
+    dynamic = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}
+    attn, _ = _hf(deepseek_v3, None, rope_parameters=dynamic)
+    with pytest.raises(ValueError, match=r"rope_type'\] = 'dynamic' is not supported; attnbook knows default, linear, yarn"):
         MultiHeadLatentAttention.from_hf(attn)
 
 
@@ -134,27 +136,37 @@ def test_deepseek_v3_constants_are_transformers_defaults(deepseek_v3):
 # ----------------------------------------------------------------------------- decoding
 
 
+def _close(a: torch.Tensor, b: torch.Tensor, rtol: float) -> None:
+    """max |a - b| / max |b| < rtol: relative to the output's size."""
+    assert float((a - b).abs().max() / b.abs().max()) < rtol
+
+
 @pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
 @pytest.mark.parametrize("q_lora_rank", [None, 24])
 def test_absorbed_decoding_equals_naive_and_full_recomputation(dtype, atol, q_lora_rank):
     mla = _mla(q_lora_rank, dtype)
     B, prompt, steps = 2, 4, 20
     x = _x(B, prompt + steps, E, seed=3, dtype=dtype)
-    caches = {"naive": LatentKVCache(), "absorbed": LatentKVCache(), "static": LatentKVCache(max_len=prompt + steps)}
-    absorb = {"naive": False, "absorbed": True, "static": True}
+    caches = {"naive": LatentKVCache(), "absorbed": LatentKVCache(), "static": LatentKVCache(max_len=prompt + steps),
+              "expanded": KVCache(), "expanded static": StaticKVCache(prompt + steps)}
+    absorb = {"naive": False, "absorbed": True, "static": True, "expanded": False, "expanded static": False}
     with torch.no_grad():
         for name, cache in caches.items():  # the prompt at once
             out, _ = mla(x[:, :prompt], mask=causal_mask(prompt), cache=cache, absorb=absorb[name])
             full, _ = mla(x[:, :prompt], mask=causal_mask(prompt))
-            torch.testing.assert_close(out, full, atol=atol, rtol=0)
+            _close(out, full, atol)
         for t in range(prompt, prompt + steps):  # then one token a step
             full, full_w = mla(x[:, : t + 1], mask=causal_mask(t + 1), need_weights=True)  # (B, t+1, E)
             for name, cache in caches.items():
                 out, w = mla(x[:, t : t + 1], cache=cache, absorb=absorb[name], need_weights=True)  # (B, 1, E)
                 assert len(cache) == t + 1
-                torch.testing.assert_close(out[:, 0], full[:, -1], atol=atol, rtol=0)
-                torch.testing.assert_close(w[:, :, 0], full_w[:, :, -1], atol=atol, rtol=0)
+                _close(out[:, 0], full[:, -1], atol)
+                _close(w[:, :, 0], full_w[:, :, -1], atol)
     assert full[:, -1].abs().max() > 0.05
+    expanded = caches["expanded"]
+    assert isinstance(expanded, KVCache) and expanded.k is not None and expanded.v is not None
+    assert expanded.k.shape == (B, H, prompt + steps, DN + DR) and expanded.v.shape == (B, H, prompt + steps, DV)
+    assert expanded.nbytes == B * (prompt + steps) * H * (DN + DR + DV) * torch.empty((), dtype=dtype).element_size()
 
 
 def test_absorbed_path_builds_no_per_head_keys_or_values():
@@ -216,8 +228,10 @@ def test_cache_errors():
         cache.append(_x(2, 2, DC), _x(2, 1, DR))
     with pytest.raises(TypeError, match="c_kv must be a torch.Tensor"):
         cache.append([1.0], _x(2, 1, DR))  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="a LatentKVCache .* got KVCache"):
-        _mla()(_x(1, 1, E), cache=KVCache())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"a LatentKVCache \(the latents\) or a KVCache .* got list"):
+        _mla()(_x(1, 1, E), cache=[])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="absorb=True reads latents, but cache is a KVCache"):
+        _mla()(_x(1, 1, E), cache=KVCache(), absorb=True)
 
 
 # ----------------------------------------------------------------------------- why RoPE is decoupled
@@ -335,3 +349,54 @@ def test_module_names_are_hugging_faces():
     assert names == {"q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight", "kv_a_proj_with_mqa.weight",
                      "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight"}
     assert "q_proj.weight" in _mla(None).state_dict()
+
+
+# ----------------------------------------------------------------------------- the work of a step
+
+
+@pytest.mark.parametrize("S, T", [(37, 1), (1, 1), (16, 16), (9, 3)])
+@pytest.mark.parametrize("form", MLA_FORMS)
+def test_step_cost_counts_what_the_layer_computes(form, S, T):
+    """mla_step_cost's multiply-adds = what torch's FlopCounterMode counts in the layer's own forward pass
+    (matmuls, einsums, attention), less the projections every form shares (q_proj, kv_a_proj_with_mqa, o_proj)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    mla = _mla()
+    config = dict(num_attention_heads=H, kv_lora_rank=DC, qk_nope_head_dim=DN, qk_rope_head_dim=DR, v_head_dim=DV)
+    B = 2
+    x = _x(B, S, E, seed=5)
+    cache: LatentKVCache | KVCache = KVCache() if form == "expanded" else LatentKVCache()
+    with torch.no_grad():
+        if S > T:
+            mla(x[:, : S - T], mask=causal_mask(S - T), cache=cache)  # fill the cache with S - T tokens
+        with FlopCounterMode(display=False) as counter:
+            mla(x[:, S - T :], mask=causal_mask(T, S, offset=S - T), cache=cache, absorb=form == "absorbed")
+    shared = T * E * H * (DN + DR) + T * E * (DC + DR) + T * H * DV * E  # per sequence
+    counted = counter.get_total_flops() // 2 - B * shared  # flops = 2 multiply-adds
+    cost = mla_step_cost(config, S, form, T=T, batch_size=B, dtype_bytes=4)
+    assert cost["macs"] == counted
+    held = cache.nbytes
+    assert cost["cache_bytes"] == held
+    weights = DC * H * (DN + DV) * 4
+    built = {"naive": B * S * H * (DN + DR + DV) * 4, "expanded": B * T * H * (DN + DR + DV) * 4, "absorbed": 0}[form]
+    assert cost["built_bytes"] == built
+    assert cost["bytes_read"] == held + weights + (built if form == "naive" else 0)
+
+
+def test_step_cost_of_deepseek_v3_decoding_and_prefill():
+    S = 32768
+    decode = {form: mla_step_cost(DEEPSEEK_V3_MLA, S, form) for form in MLA_FORMS}
+    prefill = {form: mla_step_cost(DEEPSEEK_V3_MLA, S, form, T=S) for form in MLA_FORMS}
+    # decoding: absorbed does the most arithmetic per cached token but reads the least
+    assert decode["absorbed"]["bytes_read"] < decode["expanded"]["bytes_read"] < decode["naive"]["bytes_read"]
+    assert decode["expanded"]["macs"] < decode["absorbed"]["macs"] < decode["naive"]["macs"]
+    # by hand: 128 heads, (512 + 64 + 512) per cached token in the absorbed scores and sums
+    assert decode["absorbed"]["macs"] == 128 * (128 * 512 + S * (576 + 512) + 512 * 128)
+    # prefill: the expanded form does less arithmetic than the absorbed one
+    assert prefill["expanded"]["macs"] < prefill["absorbed"]["macs"]
+    with pytest.raises(ValueError, match=r"form must be one of \('naive', 'expanded', 'absorbed'\), got 'flash'"):
+        mla_step_cost(DEEPSEEK_V3_MLA, S, "flash")
+    with pytest.raises(ValueError, match="T must be"):
+        mla_step_cost(DEEPSEEK_V3_MLA, 4, "naive", T=5)
+    with pytest.raises(ValueError, match=r"config is missing \['v_head_dim'\]"):
+        mla_step_cost({k: v for k, v in DEEPSEEK_V3_MLA.items() if k != "v_head_dim"}, 4, "naive")

@@ -17,6 +17,7 @@ from attnbook.llm_attention import (
     LLMAttention,
     layer_masks,
     layer_rope_bases,
+    layer_rope_parameters,
     softmax_plus_one,
     softmax_with_sink,
 )
@@ -355,8 +356,9 @@ def test_from_hf_refuses_what_it_cannot_copy():
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention
 
     config = transformers.GptOssConfig(vocab_size=32, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                                       head_dim=8, num_hidden_layers=2)  # gpt-oss's own RoPE: YaRN
-    with pytest.raises(ValueError, match="rope_type='yarn'"):
+                                       head_dim=8, num_hidden_layers=2,
+                                       rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})
+    with pytest.raises(ValueError, match=r"rope_type'\] = 'dynamic' is not supported"):
         LLMAttention.from_hf(GptOssAttention(config, 0))
 
 
@@ -385,15 +387,38 @@ def test_layer_masks_equal_what_transformers_builds_for_gemma3(sliding_window, T
     assert int(ours[0][-1].sum()) == min(sliding_window, T) and int(ours[5][-1].sum()) == T
 
 
-def test_layer_rope_bases_are_gemma3s():
-    config = _gemma3_config()
-    expected = [config.rope_parameters[kind]["rope_theta"] for kind in config.layer_types]
-    assert layer_rope_bases(config.layer_types) == expected
-    assert set(expected) == {10_000.0, 1_000_000.0}
-    from transformers.models.gemma3.modeling_gemma3 import Gemma3Attention
+@pytest.mark.parametrize("local_base, global_base", [(10_000.0, 1_000_000.0), (500.0, 20_000.0)])
+def test_layer_rope_bases_read_the_config(local_base, global_base):
+    """Read from the config, not assumed: other bases (and a linear x8 on the global layers) come through."""
+    config = _gemma3_config(rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": local_base},
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": global_base}})
+    bases = layer_rope_bases(config)
+    assert bases == [local_base if kind == "sliding_attention" else global_base for kind in config.layer_types]
+    params = layer_rope_parameters(config)
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3Attention, Gemma3RotaryEmbedding
 
+    rotary = Gemma3RotaryEmbedding(config)
     for i, kind in enumerate(config.layer_types[:6]):
-        assert LLMAttention.from_hf(Gemma3Attention(config, i)).rope_base == layer_rope_bases([kind])[0]
+        ours = LLMAttention.from_hf(Gemma3Attention(config, i))
+        assert ours.rope_base == bases[i] and params[i]["rope_type"] == ("linear" if kind == "full_attention"
+                                                                         else "default")
+        theirs = getattr(rotary, f"{kind}_inv_freq").double()  # transformers' frequencies for this layer type
+        assert ours.rope_inv_freq is not None
+        assert ((ours.rope_inv_freq - theirs).abs() / theirs).max() < 1e-6
+
+
+def test_layer_rope_parameters_of_a_flat_config_and_of_a_config_json():
+    transformers = pytest.importorskip("transformers", reason="needs transformers")
+    config = transformers.GptOssConfig(vocab_size=32, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                       head_dim=8, num_hidden_layers=4)
+    params = layer_rope_parameters(config)  # one flat dict: every layer gets it
+    assert len(params) == 4 and all(p == config.rope_parameters for p in params)
+    assert layer_rope_bases(config) == [150_000.0] * 4
+    config_json = {"layer_types": ["sliding_attention", "full_attention"], "rope_theta": 1_000_000,
+                   "rope_local_base_freq": 10_000, "rope_scaling": {"type": "linear", "factor": 8.0}}
+    assert layer_rope_parameters(config_json) == [{"rope_type": "default", "rope_theta": 10_000},
+                                                  {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000}]
 
 
 def test_layer_masks_bad_input():
@@ -408,8 +433,11 @@ def test_layer_masks_bad_input():
     with pytest.raises(ValueError, match="empty"):
         layer_masks([], 8)
     with pytest.raises(ValueError, match="'linear_attention'"):
-        layer_rope_bases(["linear_attention"])
-    with pytest.raises(ValueError, match="RoPE base > 1"):
-        layer_rope_bases(["full_attention"], full_attention=0.5)
+        layer_rope_bases({"layer_types": ["linear_attention"], "rope_theta": 1e4})
+    with pytest.raises(ValueError, match="neither rope_parameters nor rope_theta"):
+        layer_rope_bases({"layer_types": ["full_attention"]})
+    with pytest.raises(ValueError, match="no entry for the layer type 'sliding_attention'"):
+        layer_rope_parameters({"layer_types": ["sliding_attention"],
+                               "rope_parameters": {"full_attention": {"rope_theta": 1e4}}})
     assert LAYER_TYPES == ("full_attention", "sliding_attention")
     assert torch.equal(layer_masks(["full_attention"], 5)[0], causal_mask(5))
