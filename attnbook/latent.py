@@ -64,7 +64,7 @@ from typing import Any, TypedDict
 import torch
 import torch.nn as nn
 
-from ._checks import check_int, shape_str
+from ._checks import check_int, check_module_inputs, shape_str
 from .core import check_mask, scaled_dot_product_attention
 from .kvcache import KVCache
 from .mha import merge_heads
@@ -514,6 +514,7 @@ class MultiHeadLatentAttention(nn.Module):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (B, T, {self.d_model}) (batch-first), got {shape_str(x)}")
+        check_module_inputs(self, x=x)
         if cache is not None and not isinstance(cache, (LatentKVCache, KVCache)):
             raise TypeError(f"cache must be a LatentKVCache (the latents) or a KVCache (the expanded keys and "
                             f"values), got {type(cache).__name__}")

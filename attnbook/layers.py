@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._checks import check_int, check_prob, shape_str
+from ._checks import check_int, check_module_inputs, check_prob, shape_str
 from .mha import MultiHeadAttention
 
 if TYPE_CHECKING:
@@ -196,6 +196,7 @@ class TransformerEncoderLayer(nn.Module):
         """``cache`` (an :class:`attnbook.KVCache`) makes the self-attention
         incremental: ``src`` holds only the new positions (decoder-only generation)."""
         _check_seq("src", src, self.d_model)
+        check_module_inputs(self, src=src)
         x = src  # (B, T, E)
         if self.norm_first:
             sa, weights = self._sa_block(self.norm1(x), mask, need_weights, cache)
@@ -288,6 +289,7 @@ class TransformerDecoderLayer(nn.Module):
     ) -> Any:
         _check_seq("tgt", tgt, self.d_model)
         _check_seq("memory", memory, self.d_model)
+        check_module_inputs(self, tgt=tgt, memory=memory)
         if tgt.dim() != memory.dim() or (tgt.dim() == 3 and tgt.shape[0] != memory.shape[0]):
             raise ValueError(f"tgt {shape_str(tgt)} and memory {shape_str(memory)} must share the batch size B")
         x = tgt  # (B, T, E)

@@ -42,7 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.types import Device
 
-from ._checks import check_int, shape_str
+from ._checks import check_int, check_module_inputs, shape_str
 from .core import check_mask, scaled_dot_product_attention
 from .masks import causal_mask, sliding_window_mask
 from .mha import merge_heads, split_heads
@@ -289,6 +289,7 @@ class LLMAttention(nn.Module):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (B, T, {self.d_model}) (batch-first), got {shape_str(x)}")
+        check_module_inputs(self, x=x)
         return x
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor | Sequence[int] | None = None) -> torch.Tensor:

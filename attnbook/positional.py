@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 from torch.types import Device
 
-from ._checks import check_int, check_prob, shape_str
+from ._checks import check_int, check_module_inputs, check_prob, shape_str
 
 __all__ = [
     "sinusoidal_encoding",
@@ -216,8 +216,9 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         T = _check_embeddings(x, self.d_model, self.max_len, offset)
+        check_module_inputs(self, x=x)
         positions = torch.arange(offset, offset + T, device=x.device)  # (T,)
-        p = self.embedding(positions).to(x.dtype)  # (T, E)
+        p = self.embedding(positions)  # (T, E)
         return self.dropout(x + p[None])  # (B, T, E)
 
 
