@@ -12,7 +12,7 @@ below, or a subpackage's ``__init__`` for the names it lists):
   (multi-head, grouped-query and multi-query attention), ``kvcache`` (the KV
   caches, concatenating and preallocated, their size, and the timing of one
   decoding step over them), ``positional`` (sinusoidal, learned, T5 relative,
-  RoPE, ALiBi), ``layers`` (Transformer encoder/decoder layers equal to
+  RoPE with its linear and YaRN scaling, ALiBi), ``layers`` (Transformer encoder/decoder layers equal to
   PyTorch's), ``efficient`` (sliding window, block sparse, linear, Performer,
   LSH, flash and decayed linear attention, the delta rule, and the registry of variants with
   the pairs each one scores and their measured costs), ``latent`` (multi-head
