@@ -14,7 +14,7 @@ from numbers import Real
 
 import torch
 
-__all__ = ["check_int", "check_prob", "shape_str"]
+__all__ = ["check_bool", "check_int", "check_prob", "shape_str"]
 
 
 def check_int(name: str, value: object, minimum: int | None = 1, maximum: int | None = None) -> int:
@@ -48,3 +48,11 @@ def check_prob(name: str, value: object) -> float:
 def shape_str(t: torch.Tensor) -> str:
     """A tensor's shape as messages write it: ``"(2, 5, 8)"`` (``"()"`` for a scalar)."""
     return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` as a bool: ``TypeError`` for anything else (``"yes"``, ``1``, ``None``), so that a flag passed
+    as a string or a number is refused rather than read by its truth value."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
+    return value
