@@ -1557,6 +1557,14 @@ def delta_rule_attention(
     S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, a step of gradient descent on
     |S^T k_t - v_t|^2 / 2 with learning rate beta_t.
 
+    This is the rule inside a Gated DeltaNet layer, not the layer. What Qwen3-Next's layer
+    (``Qwen3NextGatedDeltaNet`` in ``transformers``) adds around it, and this function leaves to its caller:
+    the input projections (``in_proj_qkvz``, ``in_proj_ba``); a short causal depthwise convolution (kernel 4)
+    with SiLU over q, k and v; more value heads than key heads (32 of 128 dims against 16 key heads; q and k are
+    repeated to the value heads with ``repeat_interleave``: call this with q and k already repeated, one H for
+    all three); ``beta = sigmoid(b)``; the decay ``g = -exp(A_log) * softplus(a + dt_bias)``, passed here as
+    ``gate=g.exp()``; the gated RMSNorm of each head's output, ``RMSNorm(o) * silu(z)``; and ``out_proj``.
+
     Args:
         q, k: ``(B, H, T, D)``; v: ``(B, H, T, Dv)``. The update is stable for unit keys: normalise them
             (and the queries) first, or pass ``use_qk_l2norm=True``, which does both (Qwen3-Next calls its

@@ -5,13 +5,13 @@ of Zoology (Arora et al., 2023; ``"mqar"``): keys and values are separate tokens
 and several queries follow, each asking for the value of one stored key.
 
 Dimension legend:
-    G  models trained together (one per seed): their heads sit side by side, G * H heads in one call
-    B  batch size
-    N  stored (key, value) pairs of a sequence (``num_pairs``)
-    Q  queries of a sequence (1 for ``"pairs"``, ``num_queries`` for ``"mqar"``)
-    T  tokens of a sequence: N + 1 (``"pairs"``), 2 N + Q (``"mqar"``)
-    H  number of heads;  D  head dimension (a linear memory is a D x D matrix per head);  E  model width (H D)
-    V  token vocabulary of the task (:data:`KEYS` + :data:`VALUES`, plus a "none" value for ``"pairs"``)
+    Nm  models trained together (one per seed): their heads sit side by side, Nm * H heads in one call
+    B   batch size
+    Np  stored (key, value) pairs of a sequence (``num_pairs``; the chapters call it N)
+    Nq  queries of a sequence (1 for ``"pairs"``, ``num_queries`` for ``"mqar"``)
+    T   tokens of a sequence: Np + 1 (``"pairs"``), 2 Np + Nq (``"mqar"``)
+    H   number of heads;  D  head dimension (the state M of a linear memory is D x D per head);  E  width (H D)
+    V   token vocabulary of the task (:data:`KEYS` + :data:`VALUES`, plus a "none" value for ``"pairs"``)
 
 The model (:class:`RecallModels`) is one attention layer over token embeddings (no positions: order only
 reaches the recurrent kinds), an output projection and a linear readout at each query position, trained on
@@ -22,16 +22,16 @@ fresh batches with Adam (:func:`train_recall`). Four kinds of attention (:data:`
   :func:`attnbook.efficient.linear_attention` (chapter 11's);
 * ``"additive"``: the delta model without its correction, the matched control: the same l2-normalised q and
   k (:func:`attnbook.efficient.l2norm`), the same learned write strength beta, a (D, D) state per head,
-  ``S_t = S_{t-1} + beta_t k_t v_t^T``;
+  ``M_t = M_{t-1} + beta_t k_t v_t^T``;
 * ``"delta"``: the delta rule, :func:`attnbook.efficient.delta_rule_attention`,
-  ``S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T``.
+  ``M_t = M_{t-1} + beta_t k_t (v_t - M_{t-1}^T k_t)^T``.
 
-``"additive"`` and ``"delta"`` differ only in the term ``- S_{t-1}^T k_t``. With ``query_writes=False`` a query
+``"additive"`` and ``"delta"`` differ only in the term ``- M_{t-1}^T k_t``. With ``query_writes=False`` a query
 position gets beta = 0: it reads the state without writing into it first. For ``"mqar"`` each of q, k and v
 passes a short causal depthwise convolution (kernel :data:`CONV_SIZE`, as Zoology's and Qwen3-Next's layers),
 so that a value token's key can be formed from the key token before it; ``"pairs"`` needs none.
 
-:func:`recall_curves` trains G seeds of one configuration at once and returns their held-out accuracy at
+:func:`recall_curves` trains Nm seeds of one configuration at once and returns their held-out accuracy at
 chosen steps. Training them together is the same as training each alone (separate parameters, a summed loss,
 Adam per element), only with fewer, larger tensor operations.
 """
@@ -79,54 +79,54 @@ def _check_generator(generator: object) -> torch.Generator:
 
 
 def _distinct_keys(B: int, N: int, generator: torch.Generator) -> torch.Tensor:
-    return torch.rand(B, KEYS, generator=generator).argsort(dim=1)[:, :N]  # (B, N) distinct keys
+    return torch.rand(B, KEYS, generator=generator).argsort(dim=1)[:, :N]  # (B, Np) distinct keys
 
 
 def pairs_batch(batch_size: int, num_pairs: int, generator: torch.Generator
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``batch_size`` sequences of ``num_pairs`` (key, value) pairs with distinct keys, and a query key each,
-    drawn from ``generator``: keys and values ``(B, N)``, the query key ``(B,)`` (one of the stored keys) and
+    drawn from ``generator``: keys and values ``(B, Np)``, the query key ``(B,)`` (one of the stored keys) and
     the target ``(B,)``, the value stored with it (chapter 11's draws: the same generator state gives the same
     sequences)."""
     B = check_int("batch_size", batch_size)
     N = check_int("num_pairs", num_pairs, 1, KEYS)
     generator = _check_generator(generator)
-    keys = _distinct_keys(B, N, generator)  # (B, N)
-    values = torch.randint(0, VALUES, (B, N), generator=generator)  # (B, N)
+    keys = _distinct_keys(B, N, generator)  # (B, Np)
+    values = torch.randint(0, VALUES, (B, N), generator=generator)  # (B, Np)
     pick, rows = torch.randint(0, N, (B,), generator=generator), torch.arange(B)  # (B,), (B,)
     return keys, values, keys[rows, pick], values[rows, pick]
 
 
 def mqar_batch(batch_size: int, num_pairs: int, num_queries: int, generator: torch.Generator
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """MQAR sequences: tokens ``(B, 2 N + Q)``, ``k_1 v_1 ... k_N v_N`` then Q queries (distinct stored keys in
-    a random order), keys as ids ``0 .. KEYS - 1`` and values as ``KEYS + value``; and the targets ``(B, Q)``,
+    """MQAR sequences: tokens ``(B, 2 Np + Nq)``, ``k_1 v_1 ... k_N v_N`` then Q queries (distinct stored keys in
+    a random order), keys as ids ``0 .. KEYS - 1`` and values as ``KEYS + value``; and the targets ``(B, Nq)``,
     the value (``0 .. VALUES - 1``) stored with each query's key."""
     B = check_int("batch_size", batch_size)
     N = check_int("num_pairs", num_pairs, 1, KEYS)
     Q = check_int("num_queries", num_queries, 1, N)
     generator = _check_generator(generator)
-    keys = _distinct_keys(B, N, generator)  # (B, N)
-    values = torch.randint(0, VALUES, (B, N), generator=generator)  # (B, N)
-    pick = torch.rand(B, N, generator=generator).argsort(dim=1)[:, :Q]  # (B, Q) which pairs are asked
-    pairs = torch.stack([keys, KEYS + values], dim=2).reshape(B, 2 * N)  # (B, 2N) k v k v ...
+    keys = _distinct_keys(B, N, generator)  # (B, Np)
+    values = torch.randint(0, VALUES, (B, N), generator=generator)  # (B, Np)
+    pick = torch.rand(B, N, generator=generator).argsort(dim=1)[:, :Q]  # (B, Nq) which pairs are asked
+    pairs = torch.stack([keys, KEYS + values], dim=2).reshape(B, 2 * N)  # (B, 2Np) k v k v ...
     tokens = torch.cat([pairs, keys.gather(1, pick)], dim=1)  # (B, 2N + Q)
     return tokens, values.gather(1, pick)
 
 
 def _uniform(generators: Sequence[torch.Generator], shape: tuple[int, ...], bound: float) -> torch.Tensor:
-    """One (shape) tensor per generator, uniform in [-bound, bound], stacked: (G, *shape)."""
+    """One (shape) tensor per generator, uniform in [-bound, bound], stacked: (Nm, *shape)."""
     return torch.stack([(torch.rand(shape, generator=g) * 2 - 1) * bound for g in generators])
 
 
 class RecallModels(nn.Module):
-    """G independent one-layer recall models of one ``kind`` (:data:`RECALL_KINDS`) for one ``task``
+    """Nm independent one-layer recall models of one ``kind`` (:data:`RECALL_KINDS`) for one ``task``
     (:data:`RECALL_TASKS`), model g initialised from ``torch.Generator().manual_seed(seeds[g])``; see the module
     docstring. Each model: token embeddings (normal), q/k/v projections of width E = ``num_heads * head_dim``
     (uniform in +-1/sqrt(E), as ``nn.Linear``), for ``"additive"`` and ``"delta"`` a write strength
     ``beta = sigmoid(x W_beta + b)`` per token and head, for ``"mqar"`` a short causal depthwise convolution of
     q, k and v, then ``out_proj`` and a linear readout over :data:`VALUES`. ``forward`` returns logits
-    ``(G, B, Q, VALUES)``.
+    ``(Nm, B, Nq, VALUES)``.
     """
 
     def __init__(self, kind: str, task: str = "pairs", seeds: Sequence[int] = (0,), *, head_dim: int = HEAD_DIM,
@@ -148,15 +148,15 @@ class RecallModels(nn.Module):
         vocab = KEYS + VALUES + 1  # "pairs": key id, KEYS + value id, KEYS + VALUES = "none"; "mqar" uses KEYS + VALUES
         gens = [torch.Generator().manual_seed(s) for s in seeds]
         bound = 1 / math.sqrt(E)
-        self.embed = nn.Parameter(torch.stack([torch.randn(vocab, E, generator=g) for g in gens]))  # (G, V, E)
-        self.qkv = nn.Parameter(_uniform(gens, (E, 3 * E), bound))  # (G, E, 3E)
-        self.qkv_bias = nn.Parameter(_uniform(gens, (3 * E,), bound))  # (G, 3E)
-        self.out_proj = nn.Parameter(_uniform(gens, (E, E), bound))  # (G, E, E)
-        self.readout = nn.Parameter(_uniform(gens, (E, VALUES), bound))  # (G, E, VALUES)
-        self.readout_bias = nn.Parameter(_uniform(gens, (VALUES,), bound))  # (G, VALUES)
-        self.beta_proj = (nn.Parameter(_uniform(gens, (E, self.num_heads), bound))  # (G, E, H)
+        self.embed = nn.Parameter(torch.stack([torch.randn(vocab, E, generator=g) for g in gens]))  # (Nm, V, E)
+        self.qkv = nn.Parameter(_uniform(gens, (E, 3 * E), bound))  # (Nm, E, 3E)
+        self.qkv_bias = nn.Parameter(_uniform(gens, (3 * E,), bound))  # (Nm, 3E)
+        self.out_proj = nn.Parameter(_uniform(gens, (E, E), bound))  # (Nm, E, E)
+        self.readout = nn.Parameter(_uniform(gens, (E, VALUES), bound))  # (Nm, E, VALUES)
+        self.readout_bias = nn.Parameter(_uniform(gens, (VALUES,), bound))  # (Nm, VALUES)
+        self.beta_proj = (nn.Parameter(_uniform(gens, (E, self.num_heads), bound))  # (Nm, E, H)
                           if kind in ("additive", "delta") else None)
-        self.conv = (nn.Parameter(_uniform(gens, (3 * E, CONV_SIZE), 1 / math.sqrt(CONV_SIZE)))  # (G, 3E, kernel)
+        self.conv = (nn.Parameter(_uniform(gens, (3 * E, CONV_SIZE), 1 / math.sqrt(CONV_SIZE)))  # (Nm, 3E, kernel)
                      if task == "mqar" else None)
 
     @property
@@ -168,65 +168,65 @@ class RecallModels(nn.Module):
                 f"head_dim={self.head_dim}, query_writes={self.query_writes}")
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        """(G, B, T, H * D) -> (B, G * H, T, D): every model's heads side by side."""
+        """(Nm, B, T, H * D) -> (B, Nm * H, T, D): every model's heads side by side."""
         G, B, T, _ = t.shape
         return t.view(G, B, T, self.num_heads, self.head_dim).permute(1, 0, 3, 2, 4).reshape(
-            B, G * self.num_heads, T, self.head_dim)  # (B, G*H, T, D)
+            B, G * self.num_heads, T, self.head_dim)  # (B, Nm*H, T, D)
 
     def forward(self, tokens: torch.Tensor, num_queries: int = 1) -> torch.Tensor:
         """tokens as :func:`train_recall` draws them, for every model ``(B, T, ...)`` or each model its own
-        ``(G, B, T, ...)`` (``"mqar"``: one id per token; ``"pairs"``: two, ``(..., T, 2)``, the key's and the
+        ``(Nm, B, T, ...)`` (``"mqar"``: one id per token; ``"pairs"``: two, ``(..., T, 2)``, the key's and the
         value's, whose embeddings the token sums), the last ``num_queries`` of them queries -> logits
-        ``(G, B, Q, VALUES)`` at the query positions."""
+        ``(Nm, B, Nq, VALUES)`` at the query positions."""
         G, H, D = self.num_models, self.num_heads, self.head_dim
         per_token = 2 if self.task == "pairs" else 1
         if tokens.dim() == per_token + 1:
-            tokens = tokens.expand(G, *tokens.shape)  # (G, B, T) or (G, B, T, 2)
+            tokens = tokens.expand(G, *tokens.shape)  # (Nm, B, T) or (Nm, B, T, 2)
         B, T = tokens.shape[1], tokens.shape[2]
         Q = check_int("num_queries", num_queries, 1, T)
-        x = torch.stack([self.embed[g][tokens[g]] for g in range(G)])  # (G, B, T, E) or (G, B, T, 2, E)
+        x = torch.stack([self.embed[g][tokens[g]] for g in range(G)])  # (Nm, B, T, E) or (Nm, B, T, 2, E)
         if self.task == "pairs":
-            x = x.sum(dim=-2)  # (G, B, T, E) key + value embedding
-        qkv = torch.einsum("gbte,gef->gbtf", x, self.qkv) + self.qkv_bias[:, None, None]  # (G, B, T, 3E)
+            x = x.sum(dim=-2)  # (Nm, B, T, E) key + value embedding
+        qkv = torch.einsum("gbte,gef->gbtf", x, self.qkv) + self.qkv_bias[:, None, None]  # (Nm, B, T, 3E)
         if self.conv is not None:  # short causal depthwise convolution: w_0 x_t + w_1 x_{t-1} + ...
-            padded = F.pad(qkv, (0, 0, CONV_SIZE - 1, 0))  # (G, B, T + kernel - 1, 3E)
-            qkv = padded[:, :, CONV_SIZE - 1:] * self.conv[:, None, None, :, 0]  # (G, B, T, 3E) w_0 x_t
+            padded = F.pad(qkv, (0, 0, CONV_SIZE - 1, 0))  # (Nm, B, T + kernel - 1, 3E)
+            qkv = padded[:, :, CONV_SIZE - 1:] * self.conv[:, None, None, :, 0]  # (Nm, B, T, 3E) w_0 x_t
             for i in range(1, CONV_SIZE):
                 qkv = qkv + padded[:, :, CONV_SIZE - 1 - i:CONV_SIZE - 1 - i + T] * self.conv[:, None, None, :, i]
-        q, k, v = (self._heads(t) for t in qkv.split(H * D, dim=-1))  # (B, G*H, T, D) each
+        q, k, v = (self._heads(t) for t in qkv.split(H * D, dim=-1))  # (B, Nm*H, T, D) each
         reads = slice(T - Q, T)
         if self.kind == "softmax":
-            allowed = torch.arange(T)[None, :] <= torch.arange(T - Q, T)[:, None]  # (Q, T) causal rows
-            out = scaled_dot_product_attention(q[:, :, reads], k, v, allowed)[0]  # (B, G*H, Q, D)
+            allowed = torch.arange(T)[None, :] <= torch.arange(T - Q, T)[:, None]  # (Nq, T) causal rows
+            out = scaled_dot_product_attention(q[:, :, reads], k, v, allowed)[0]  # (B, Nm*H, Nq, D)
         elif self.kind == "linear" and Q == 1:  # the last query sees every key: its row of the causal layer
-            out = linear_attention(q[:, :, reads], k, v)  # (B, G*H, 1, D)
+            out = linear_attention(q[:, :, reads], k, v)  # (B, Nm*H, 1, D)
         elif self.kind == "linear":
-            out = linear_attention(q, k, v, causal=True)[:, :, reads]  # (B, G*H, Q, D)
+            out = linear_attention(q, k, v, causal=True)[:, :, reads]  # (B, Nm*H, Nq, D)
         else:
             assert self.beta_proj is not None
-            beta = torch.sigmoid(torch.einsum("gbte,geh->gbth", x, self.beta_proj))  # (G, B, T, H)
-            beta = beta.permute(1, 0, 3, 2).reshape(B, G * H, T)  # (B, G*H, T)
+            beta = torch.sigmoid(torch.einsum("gbte,geh->gbth", x, self.beta_proj))  # (Nm, B, T, H)
+            beta = beta.permute(1, 0, 3, 2).reshape(B, G * H, T)  # (B, Nm*H, T)
             if not self.query_writes:
                 beta = torch.cat([beta[..., :T - Q], beta.new_zeros(B, G * H, Q)], dim=-1)  # queries only read
             if self.kind == "delta":
                 chunk = -(-T // -(-T // 32))  # equal chunks of at most 32 positions: the fastest here on a CPU
                 out = delta_rule_attention(q, k, v, beta, use_qk_l2norm=True, chunk_size=chunk)[:, :, reads]
-            else:  # additive: S_t = sum_{j <= t} beta_j k_j v_j^T, read by the same unit, scaled query
-                qn, kn = l2norm(q[:, :, reads]) * D ** -0.5, l2norm(k)  # (B, G*H, Q, D), (B, G*H, T, D)
-                allowed = torch.arange(T)[None, :] <= torch.arange(T - Q, T)[:, None]  # (Q, T)
-                weights = (qn @ kn.transpose(-2, -1)) * beta[:, :, None, :] * allowed  # (B, G*H, Q, T)
-                out = weights @ v  # (B, G*H, Q, D)
-        out = out.view(B, G, H, Q, D).permute(1, 0, 3, 2, 4).reshape(G, B, Q, H * D)  # (G, B, Q, E)
-        y = torch.einsum("gbqe,gef->gbqf", out, self.out_proj)  # (G, B, Q, E)
-        return torch.einsum("gbqe,gev->gbqv", y, self.readout) + self.readout_bias[:, None, None]  # (G, B, Q, VALUES)
+            else:  # additive: M_t = sum_{j <= t} beta_j k_j v_j^T, read by the same unit, scaled query
+                qn, kn = l2norm(q[:, :, reads]) * D ** -0.5, l2norm(k)  # (B, Nm*H, Nq, D), (B, Nm*H, T, D)
+                allowed = torch.arange(T)[None, :] <= torch.arange(T - Q, T)[:, None]  # (Nq, T)
+                weights = (qn @ kn.transpose(-2, -1)) * beta[:, :, None, :] * allowed  # (B, Nm*H, Q, T)
+                out = weights @ v  # (B, Nm*H, Nq, D)
+        out = out.view(B, G, H, Q, D).permute(1, 0, 3, 2, 4).reshape(G, B, Q, H * D)  # (Nm, B, Nq, E)
+        y = torch.einsum("gbqe,gef->gbqf", out, self.out_proj)  # (Nm, B, Nq, E)
+        return torch.einsum("gbqe,gev->gbqv", y, self.readout) + self.readout_bias[:, None, None]  # (Nm, B, Nq, VALUES)
 
 
 def _task_batch(task: str, batch_size: int, num_pairs: int, num_queries: int, generator: torch.Generator
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """tokens (B, T) and targets (B, Q) of ``task``, in the id layout :class:`RecallModels` embeds."""
+    """tokens (B, T) and targets (B, Nq) of ``task``, in the id layout :class:`RecallModels` embeds."""
     if task == "pairs":
         keys, values, query, target = pairs_batch(batch_size, num_pairs, generator)
-        pairs = torch.stack([keys, KEYS + values], dim=2)  # (B, N, 2): a pair token's two ids
+        pairs = torch.stack([keys, KEYS + values], dim=2)  # (B, Np, 2): a pair token's two ids
         asked = torch.stack([query, torch.full_like(query, KEYS + VALUES)], dim=1)[:, None]  # (B, 1, 2): "none"
         return torch.cat([pairs, asked], dim=1), target[:, None]  # (B, T, 2), (B, 1)
     return mqar_batch(batch_size, num_pairs, num_queries, generator)
@@ -244,7 +244,7 @@ def train_recall(
     data_seed: int = 1,
     eval_size: int = EVAL_SIZE,
 ) -> dict[int, list[float]]:
-    """Train ``model`` (all its G models at once: each its own fresh batches, drawn from one generator seeded
+    """Train ``model`` (all its Nm models at once: each its own fresh batches, drawn from one generator seeded
     with ``data_seed``; a cross-entropy per model, summed) for ``steps`` Adam steps on its task with
     ``num_pairs`` pairs (and ``num_queries`` queries for ``"mqar"``), and return the held-out accuracy of each
     model, ``{step: [accuracy of model g]}``, after each step of ``eval_at`` (0: before training) and after the
@@ -265,7 +265,7 @@ def train_recall(
 
     def accuracy() -> list[float]:
         with torch.no_grad():
-            hits = model(held_tokens, Q).argmax(dim=-1) == held_target  # (G, B, Q)
+            hits = model(held_tokens, Q).argmax(dim=-1) == held_target  # (Nm, B, Q)
         return hits.float().mean(dim=(1, 2)).tolist()
 
     data = torch.Generator().manual_seed(data_seed)
@@ -277,8 +277,8 @@ def train_recall(
         if step == steps:
             break
         tokens, target = _task_batch(model.task, G * batch_size, N, Q, data)
-        tokens = tokens.view(G, batch_size, *tokens.shape[1:])  # (G, B, T) or (G, B, T, 2)
-        logits = model(tokens, Q)  # (G, B, Q, VALUES)
+        tokens = tokens.view(G, batch_size, *tokens.shape[1:])  # (Nm, B, T) or (Nm, B, T, 2)
+        logits = model(tokens, Q)  # (Nm, B, Nq, VALUES)
         loss = F.cross_entropy(logits.reshape(-1, VALUES), target.view(G, batch_size, Q).reshape(-1),
                                reduction="sum") / (batch_size * Q)
         opt.zero_grad()
