@@ -68,6 +68,8 @@ Dimension legend, one meaning per letter in every module:
     P    side of a downsampled picture of the (T, S) pairs
     Ih, Iw  image height and width in pixels;  p  patch side;  Th, Tw  rows and columns of the patch grid
     C    number of classes of an image classifier
+    M    the state (memory) of linear attention and the delta rule: a (D, Dv) matrix per head, M_t after position t
+    Np, Nq  stored (key, value) pairs and queries of an associative-recall sequence;  Nm  models trained side by side
 """
 
 from typing import Any

@@ -14,7 +14,7 @@ from numbers import Real
 
 import torch
 
-__all__ = ["check_int", "check_prob", "shape_str", "check_module_inputs"]
+__all__ = ["check_bool", "check_int", "check_module_inputs", "check_prob", "shape_str"]
 
 
 def check_int(name: str, value: object, minimum: int | None = 1, maximum: int | None = None) -> int:
@@ -83,3 +83,11 @@ def check_module_inputs(module: torch.nn.Module, **inputs: object) -> None:
             f"{got}, but {owner}'s parameters are on {param.device}: move the input "
             f"({first}.to('{param.device}')) or the module (module.to('{next(iter(away.values())).device}'))"
         )
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` as a bool: ``TypeError`` for anything else (``"yes"``, ``1``, ``None``), so that a flag passed
+    as a string or a number is refused rather than read by its truth value."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
+    return value

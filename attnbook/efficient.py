@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 from torch.types import Device
 
-from ._checks import check_int, shape_str
+from ._checks import check_bool, check_int, shape_str
 from .core import check_qkv, check_scale, fully_masked_rows, masked_softmax, scaled_dot_product_attention
 from .masks import causal_mask, sliding_window_mask, to_additive
 from .measure import cost_curves
@@ -106,6 +106,7 @@ __all__ = [
     "decayed_linear_attention",
     "DECAYED_METHODS",
     "delta_rule_attention",
+    "l2norm",
     "delta_rule_inputs",
     "delta_rule_costs",
     "DELTA_METHODS",
@@ -173,6 +174,7 @@ def sliding_window_attention(
 
     Self-attention only: q, k and v must have the same length (T == S).
     """
+    check_bool("causal", causal)
     B, H, T, S, D = _check_bhtd(q, k, v)
     _check_self_attention("sliding_window_attention", q, k)
     window = check_int("window", window, 0)
@@ -466,6 +468,7 @@ def linear_attention(
     is much faster. Both equal the RNN of :func:`linear_attention_recurrent`
     and the quadratic form :func:`linear_attention_quadratic`.
     """
+    check_bool("causal", causal)
     _check_bhtd(q, k, v)
     _check_causal_lengths("linear_attention", q, k, causal)
     if chunk_size is not None:
@@ -513,6 +516,7 @@ def linear_attention_quadratic(
     """The same attention in its O(T^2) form: weights phi(Q) phi(K)^T (causal:
     lower triangle kept), each row divided by its sum (+ eps), times V. For
     teaching and testing on small inputs."""
+    check_bool("causal", causal)
     _check_bhtd(q, k, v)
     _check_causal_lengths("linear_attention_quadratic", q, k, causal)
     A = torch.matmul(elu_feature_map(q), elu_feature_map(k).transpose(-2, -1))  # (B, H, T, S)
@@ -543,6 +547,7 @@ def performer_features(
     degrees of freedom), so every row still has the N(0, I_D) distribution
     but the rows of a block are orthogonal: a lower-variance estimate.
     """
+    check_bool("orthogonal", orthogonal)
     m = check_int("num_features", num_features, 1)
     D = check_int("head_dim", head_dim, 1)
     gen = torch.Generator().manual_seed(seed)
@@ -573,6 +578,7 @@ def performer_feature_map(x: torch.Tensor, projection: torch.Tensor, is_query: b
     so causal attention stays causal). The results equal phi up to those
     factors, which attention never sees.
     """
+    check_bool("is_query", is_query)
     D = x.shape[-1]
     if projection.dim() != 2 or projection.shape[1] != D:
         raise ValueError(f"projection must be (m, D={D}), got {shape_str(projection)}")
@@ -612,6 +618,8 @@ def performer_attention(
     ``causal=True`` (T == S) uses the same chunked prefix sums. The random
     matrix depends only on ``seed``: get it with :func:`performer_features`.
     """
+    check_bool("orthogonal", orthogonal)
+    check_bool("causal", causal)
     B, H, T, S, D = _check_bhtd(q, k, v)
     _check_causal_lengths("performer_attention", q, k, causal)
     chunk_size = check_int("chunk_size", chunk_size, 1)
@@ -723,6 +731,8 @@ def lsh_attention(
     Returns the output ``(B, H, T, Dv)``, and with ``return_buckets=True`` also
     the bucket ids ``(B, H, n_hashes, T)``.
     """
+    check_bool("causal", causal)
+    check_bool("return_buckets", return_buckets)
     B, H, T, S, D = _check_bhtd(qk, qk, v)
     if v.shape[2] != T:
         raise ValueError(f"qk {shape_str(qk)} and v {shape_str(v)} must have the same length T")
@@ -919,6 +929,7 @@ def flash_attention_with_lse(
     """:func:`flash_attention`'s output ``(B, H, T, Dv)`` and the per-query log-sum-exp ``(B, H, T)``,
     ``lse_i = log sum_j exp(scale * q_i . k_j)`` over the keys query i may attend: everything the
     backward pass keeps besides q, k and v. The output is differentiable (the log-sum-exp is not)."""
+    check_bool("causal", causal)
     bk, bq, scale = _flash_args(q, k, v, block_size, query_block_size, scale)
     out, lse = FlashAttentionFunction.apply(q, k, v, bool(causal), bk, bq, scale)
     return out, lse
@@ -981,6 +992,7 @@ def flash_attention(
     the input's dtype). No masks other than ``causal``. Use :func:`flash_attention_with_lse` for the
     log-sum-exp too, and :func:`flash_attention_backward` to run the backward pass by hand.
     """
+    check_bool("causal", causal)
     return flash_attention_with_lse(q, k, v, causal, block_size, scale, query_block_size=query_block_size)[0]
 
 
@@ -1002,6 +1014,7 @@ def flash_attention_backward(
     ``out (B, H, T, Dv)`` and log-sum-exp ``lse (B, H, T)`` of :func:`flash_attention_with_lse` and the
     output's gradient ``grad_out (B, H, T, Dv)``. It is what ``flash_attention(...).backward()`` runs;
     see :func:`flash_attention` for the algorithm."""
+    check_bool("causal", causal)
     bk, bq, scale = _flash_args(q, k, v, block_size, query_block_size, scale)
     B, H, T, D = q.shape
     S, Dv = k.shape[2], v.shape[-1]
@@ -1251,6 +1264,7 @@ def attention_call(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """A zero-argument callable computing variant ``name`` (a key of :data:`REGISTRY`) on q, k, v
     ``(B, H, T, D)`` with its ``window`` (ignored by the variants that take none); returns the output
     ``(B, H, T, Dv)``. For timing: the arguments are bound once, the call does only the attention."""
+    check_bool("causal", causal)
     run = variant(name).run
     if causal and not REGISTRY[name].causal:
         raise ValueError(f"variant {name!r} has no causal form")
@@ -1332,6 +1346,7 @@ def measure_costs(
     variants of one T are timed together, interleaved, with ``threads`` torch threads (default 1, as
     ``bench/``: steadier on a shared machine; ``None`` keeps the current setting; restored afterwards);
     ``reduce`` keeps the fastest round (``"min"``) or the median (``"median"``, as chapter 8 and ``bench/``)."""
+    check_bool("memory", memory)
     for name in names:
         variant(name)
 
@@ -1454,6 +1469,19 @@ def decayed_linear_attention(
 DELTA_METHODS = ("chunkwise", "recurrent")
 
 
+def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6) -> torch.Tensor:
+    """``x`` scaled to unit length along ``dim`` as the delta-rule kernels do it, ``x * rsqrt(sum(x^2) + eps)``:
+    the eps inside the square root, as flash-linear-attention's ``l2norm`` and ``transformers``' Qwen3-Next
+    (not ``F.normalize``'s ``x / max(|x|, eps)``, which differs for short vectors: a key of norm 4e-4 becomes
+    a unit key there, and one of length 0.37 here)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    check_int("dim", dim, None)
+    if isinstance(eps, bool) or not isinstance(eps, (float, int)) or not eps >= 0:
+        raise ValueError(f"eps must be a float >= 0, got {eps!r}")
+    return x * torch.rsqrt((x * x).sum(dim=dim, keepdim=True) + eps)
+
+
 def _per_step(name: str, x: float | torch.Tensor, B: int, H: int, T: int, like: torch.Tensor, low: float,
               high: float, what: str) -> torch.Tensor:
     """``x`` (a float, or a tensor that broadcasts to (B, H, T)) as a (B, H, T) tensor of like's dtype and
@@ -1529,6 +1557,14 @@ def delta_rule_attention(
     S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, a step of gradient descent on
     |S^T k_t - v_t|^2 / 2 with learning rate beta_t.
 
+    This is the rule inside a Gated DeltaNet layer, not the layer. What Qwen3-Next's layer
+    (``Qwen3NextGatedDeltaNet`` in ``transformers``) adds around it, and this function leaves to its caller:
+    the input projections (``in_proj_qkvz``, ``in_proj_ba``); a short causal depthwise convolution (kernel 4)
+    with SiLU over q, k and v; more value heads than key heads (32 of 128 dims against 16 key heads; q and k are
+    repeated to the value heads with ``repeat_interleave``: call this with q and k already repeated, one H for
+    all three); ``beta = sigmoid(b)``; the decay ``g = -exp(A_log) * softplus(a + dt_bias)``, passed here as
+    ``gate=g.exp()``; the gated RMSNorm of each head's output, ``RMSNorm(o) * silu(z)``; and ``out_proj``.
+
     Args:
         q, k: ``(B, H, T, D)``; v: ``(B, H, T, Dv)``. The update is stable for unit keys: normalise them
             (and the queries) first, or pass ``use_qk_l2norm=True``, which does both (Qwen3-Next calls its
@@ -1542,11 +1578,20 @@ def delta_rule_attention(
             ``gate=g.exp()``. 0 forgets everything (taken as the smallest positive float of the dtype).
         method: ``"recurrent"`` (the loop above, one position at a time: what a decoder runs per token) or
             ``"chunkwise"`` (default): ``chunk_size`` positions at a time. Inside a chunk the writes u_r
-            depend on each other only through a unit lower-triangular system (the WY/UT representation),
-            solved for all chunks at once; the loop then takes one step per chunk.
+            depend on each other only through a unit lower-triangular system, solved for all chunks at
+            once; the loop then takes one step per chunk. This is the WY representation of the chunk's
+            product of Householder-like factors ``I - beta_r k_r k_r^T`` (Yang et al., 2024, "Parallelizing
+            Linear Transformers with the Delta Rule over Sequence Length"), with the triangular inverse
+            ``(I + A)^-1`` of the UT transform (Joffrain et al., 2006), here a triangular solve.
         scale: queries are multiplied by it; default ``1 / sqrt(D)``, as Qwen3-Next (after the l2 norm).
+        use_qk_l2norm: scale q and k to unit length first with :func:`l2norm` (the eps inside the square
+            root, as fla's and ``transformers``' kernels).
         initial_state: the state before position 0, ``(B, H, D, Dv)``; default zeros.
         output_final_state: also return the state after the last position.
+
+    float16 and bfloat16 inputs are computed in float32 (as fla's kernels and ``transformers``' reference
+    do): the output comes back in the input dtype, the final state in float32 (the state a decoder carries
+    to the next step); ``initial_state`` may then be float32 or the input dtype.
 
     Returns:
         the output ``(B, H, T, Dv)``, and with ``output_final_state=True`` the tuple (output, final state
@@ -1564,14 +1609,24 @@ def delta_rule_attention(
     O(T Cs (D + Dv) + T D Dv) time, a Python loop of T / Cs steps instead of T. A T that is not a multiple
     of ``chunk_size`` is padded with steps that write nothing (beta = 0) and do not decay (alpha = 1).
     """
+    check_bool("use_qk_l2norm", use_qk_l2norm)
+    check_bool("output_final_state", output_final_state)
     B, H, T, S, D = _check_bhtd(q, k, v)
     _check_causal_lengths("delta_rule_attention", q, k, True)
+    if q.dtype in (torch.float16, torch.bfloat16):  # computed in float32, as fla and transformers do
+        if initial_state is not None and isinstance(initial_state, torch.Tensor) and initial_state.dtype == q.dtype:
+            initial_state = initial_state.float()
+        beta32 = beta.float() if isinstance(beta, torch.Tensor) else beta
+        gate32 = gate.float() if isinstance(gate, torch.Tensor) else gate
+        out32, state32 = delta_rule_attention(
+            q.float(), k.float(), v.float(), beta32, gate=gate32, method=method, chunk_size=chunk_size,
+            scale=scale, use_qk_l2norm=use_qk_l2norm, initial_state=initial_state, output_final_state=True)
+        check_bool("output_final_state", output_final_state)
+        return (out32.to(q.dtype), state32) if output_final_state else out32.to(q.dtype)
     if method not in DELTA_METHODS:
         raise ValueError(f"method must be one of {DELTA_METHODS}, got {method!r}")
     chunk_size = check_int("chunk_size", chunk_size, 1)
     scale = check_scale(scale, D)
-    if not isinstance(use_qk_l2norm, bool):
-        raise TypeError(f"use_qk_l2norm must be a bool, got {type(use_qk_l2norm).__name__}")
     Dv = v.shape[-1]
     b = _per_step("beta", beta, B, H, T, q, 0.0, 2.0, "the write strength")  # (B, H, T)
     if gate is None:
@@ -1591,7 +1646,7 @@ def delta_rule_attention(
             raise TypeError(f"initial_state must have q's dtype {q.dtype}, got {initial_state.dtype}")
         state = initial_state
     if use_qk_l2norm:
-        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)  # (B, H, T, D) unit rows
+        q, k = l2norm(q), l2norm(k)  # (B, H, T, D) unit rows (eps inside the root, as fla and transformers)
     q = q * scale  # (B, H, T, D)
 
     if method == "recurrent":

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import attnbook.efficient as eff
 from attnbook import causal_mask, scaled_dot_product_attention, sliding_window_mask
 from attnbook.efficient import (
     bigbird_block_pattern,
@@ -630,3 +631,38 @@ def test_registry_says_what_each_variant_is():
                 attention_call(name, q, k, v, W, causal=True)
     with pytest.raises(ValueError, match=r"variant must be one of \('exact', 'pytorch'"):
         variant("dense")
+
+
+# ----------------------------------------------------------------------------- bool flags
+
+
+def _flag_calls():
+    """Every bool flag of efficient.py's public functions, each passed as the string "yes"."""
+    q, k, v = qkv(1, 2, 16, 4, seed=0, dtype=torch.float32)
+    proj = eff.performer_features(4, 8)
+    return [
+        ("causal", lambda: eff.sliding_window_attention(q, k, v, 2, causal="yes")),
+        ("causal", lambda: eff.linear_attention(q, k, v, causal="yes")),
+        ("causal", lambda: eff.linear_attention_quadratic(q, k, v, causal="yes")),
+        ("orthogonal", lambda: eff.performer_features(4, 8, orthogonal="yes")),
+        ("is_query", lambda: eff.performer_feature_map(q, proj, "yes")),
+        ("orthogonal", lambda: eff.performer_attention(q, k, v, orthogonal="yes")),
+        ("causal", lambda: eff.performer_attention(q, k, v, causal="yes")),
+        ("causal", lambda: eff.lsh_attention(q, v, causal="yes")),
+        ("return_buckets", lambda: eff.lsh_attention(q, v, return_buckets="yes")),
+        ("causal", lambda: eff.flash_attention(q, k, v, causal="yes")),
+        ("causal", lambda: eff.flash_attention_with_lse(q, k, v, causal="yes")),
+        ("causal", lambda: eff.flash_attention_backward(q, k, v, v, q[..., 0], v, causal="yes")),
+        ("causal", lambda: eff.attention_call("exact", q, k, v, causal="yes")),
+        ("memory", lambda: eff.measure_costs(("exact",), (16,), memory="yes")),
+        ("use_qk_l2norm", lambda: eff.delta_rule_attention(q, k, v, 0.5, use_qk_l2norm="yes")),
+        ("output_final_state", lambda: eff.delta_rule_attention(q, k, v, 0.5, output_final_state="yes")),
+    ]
+
+
+@pytest.mark.parametrize("index", range(16))
+def test_bool_flags_refuse_other_types(index):
+    """causal="yes" (or 1) is not a bool: a TypeError naming the flag, before any work."""
+    name, call = _flag_calls()[index]
+    with pytest.raises(TypeError, match=f"{name} must be a bool"):
+        call()

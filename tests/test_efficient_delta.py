@@ -18,6 +18,7 @@ from attnbook.efficient import (
     delta_rule_attention,
     delta_rule_costs,
     delta_rule_inputs,
+    l2norm,
     linear_attention,
 )
 from tests.helpers import qkv, randn
@@ -97,12 +98,12 @@ def test_equals_the_rule_as_matrix_products(method):
 
 
 def test_l2norm_option_and_default_scale():
-    """use_qk_l2norm=True is the same as normalising q and k first; the default scale is 1 / sqrt(D)."""
+    """use_qk_l2norm=True is the same as normalising q and k first with l2norm; the default scale is 1 / sqrt(D)."""
     q, k, v = qkv(2, 3, 20, 8, Dv=5, seed=7)
     beta = torch.full((2, 3, 20), 0.6, dtype=F64)
     for method in DELTA_METHODS:
         a = delta_rule_attention(q, k, v, beta, use_qk_l2norm=True, method=method)
-        b = delta_rule_attention(F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, 0.6, method=method,
+        b = delta_rule_attention(l2norm(q), l2norm(k), v, 0.6, method=method,
                                  scale=8 ** -0.5)
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
@@ -163,6 +164,64 @@ def test_equals_qwen3_next_torch_reference(gated, l2norm_in_kernel):
         for ref_out, ref_state in refs:
             torch.testing.assert_close(out, ref_out.transpose(1, 2), rtol=0, atol=1e-5)
             torch.testing.assert_close(state, ref_state, rtol=0, atol=1e-5)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |out - ref| / max |ref|: an error relative to the output's size."""
+    return ((out.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+
+
+@pytest.mark.parametrize("norm", [4e-4, 1e-3, 1.0, 50.0])
+def test_l2norm_equals_transformers_and_fla(norm):
+    """eps inside the square root, x * rsqrt(sum(x^2) + eps), as transformers' Qwen3-Next l2norm (written to match
+    flash-linear-attention's): equal for long and for very short vectors, where F.normalize is not."""
+    hf = _qwen3_next()
+    x = F.normalize(randn(3, 5, 16, seed=1, dtype=torch.float32), dim=-1) * norm  # rows of length `norm`
+    torch.testing.assert_close(l2norm(x), hf.l2norm(x), rtol=1e-6, atol=0)
+    if norm < 1e-2:  # short keys: F.normalize makes them unit, the kernels' l2norm does not
+        assert (l2norm(x).norm(dim=-1) < 0.8).all() and (F.normalize(x, dim=-1).norm(dim=-1) > 0.99).all()
+
+
+@pytest.mark.parametrize("method", DELTA_METHODS)
+def test_short_keys_match_qwen3_next_with_the_kernel_l2norm(method):
+    """Keys of norm 4e-4 (and queries of norm 1e-3): with use_qk_l2norm=True the output equals transformers'
+    reference run with use_qk_l2norm_in_kernel=True, relative to the output's size."""
+    hf = _qwen3_next()
+    x = inputs(T=40, dtype=torch.float32, D=16, Dv=8)
+    q, k = x["q"] * 1e-3, x["k"] * 4e-4
+
+    def bthd(t):  # (B, H, T, ...) -> (B, T, H, ...)
+        return t.transpose(1, 2).contiguous()
+
+    ref, _ = hf.torch_chunk_gated_delta_rule(bthd(q), bthd(k), bthd(x["v"]), g=bthd(x["gate"].log()),
+                                             beta=bthd(x["beta"]), chunk_size=16, output_final_state=True,
+                                             use_qk_l2norm_in_kernel=True)
+    out = delta_rule_attention(q, k, x["v"], x["beta"], gate=x["gate"], method=method, chunk_size=16,
+                               use_qk_l2norm=True)
+    assert rel_err(out, ref.transpose(1, 2)) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("method", DELTA_METHODS)
+def test_half_precision_inputs_are_computed_in_float32(dtype, method):
+    """bfloat16 and float16 inputs: computed in float32 (as fla and transformers), output in the input dtype,
+    final state in float32; equal to the float32 computation on the same (rounded) inputs up to the output's
+    rounding; a half-precision initial state is accepted too."""
+    x = inputs(T=70, dtype=torch.float32, D=16, Dv=8)
+    half = {n: x[n].to(dtype) for n in ("q", "k", "v", "beta", "gate", "state")}
+    out, state = delta_rule_attention(half["q"], half["k"], half["v"], half["beta"], gate=half["gate"], method=method,
+                                      chunk_size=16, use_qk_l2norm=True, initial_state=half["state"],
+                                      output_final_state=True)
+    assert out.dtype == dtype and state.dtype == torch.float32
+    ref, ref_state = delta_rule_attention(*(half[n].float() for n in ("q", "k", "v", "beta")),
+                                          gate=half["gate"].float(), method=method, chunk_size=16, use_qk_l2norm=True,
+                                          initial_state=half["state"].float(), output_final_state=True)
+    rounding = torch.finfo(dtype).eps  # one rounding of the output to the input dtype
+    assert rel_err(out, ref) <= rounding
+    assert rel_err(state, ref_state) < 1e-6
+    again = delta_rule_attention(half["q"], half["k"], half["v"], half["beta"], gate=half["gate"], method=method,
+                                 chunk_size=16, use_qk_l2norm=True, initial_state=half["state"].float())
+    assert torch.equal(again, out)
 
 
 # ----------------------------------------------------------------------------- what the rule does
@@ -255,7 +314,9 @@ def test_per_head_broadcast_of_beta_and_gate():
         ({"initial_state": torch.zeros(2, 3, 4, 4, dtype=F64)}, ValueError, r"initial_state .*\(2, 3, 4, 5\)"),
         ({"initial_state": torch.zeros(2, 3, 4, 5)}, TypeError, "initial_state must have q's dtype"),
         ({"initial_state": [0.0]}, TypeError, "initial_state"),
-        ({"use_qk_l2norm": 1}, TypeError, "use_qk_l2norm"),
+        ({"use_qk_l2norm": 1}, TypeError, "use_qk_l2norm must be a bool"),
+        ({"use_qk_l2norm": "yes"}, TypeError, "use_qk_l2norm must be a bool"),
+        ({"output_final_state": "yes"}, TypeError, "output_final_state must be a bool"),
         ({"scale": 0.0}, ValueError, "scale"),
     ],
 )
