@@ -250,16 +250,16 @@ def test_a_gate_started_closed_shrinks_the_first_position_share():
 
 @pytest.mark.slow
 def test_logit_growth_experiment_claims():
-    """At lr = 0.1 the largest attention logit passes 1000 without QK-norm and stays under 200 with it, and
-    only the QK-norm model learns. Peaks measured over seeds 0-5 in three settings (plain;
+    """At lr = 0.1 (600 steps, chapter 12's setting) the largest attention logit passes 1000 without QK-norm and
+    stays under 200 with it, and only the QK-norm model learns. Peaks measured over seeds 0-5 in three settings (plain;
     ATEN_CPU_CAPABILITY=default; OMP_NUM_THREADS=2 with MKL_CBWR=COMPATIBLE): 4.4e3-5.6e4 without
     (high-rate training is chaotic: seed 0 peaks at 2.2e4 here and 4.4e3 under ATEN_CPU_CAPABILITY=default),
     17-58 with."""
-    results = logit_growth_experiment(seeds=(0, 1, 2), variants=("plain", "qk_norm"))
+    results = logit_growth_experiment(seeds=(0, 1, 2), variants=("plain", "qk_norm"), steps=600)
     for seed in (0, 1, 2):
         peak_without = max(v for _, v in results["plain", 0.1, seed].max_logit)
         peak_with = max(v for _, v in results["qk_norm", 0.1, seed].max_logit)
         assert peak_without > 1000 and peak_with < 200
         gain_without = math.log(23) - sum(results["plain", 0.1, seed].loss[-50:]) / 50
         gain_with = math.log(23) - sum(results["qk_norm", 0.1, seed].loss[-50:]) / 50
-        assert gain_without < 0.02 and gain_with > 0.25
+        assert gain_without < 0.05 and gain_with > 0.1
