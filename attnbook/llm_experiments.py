@@ -22,12 +22,13 @@ Experiments:
 
 * :func:`sink_experiment`: for each variant of :data:`SINK_VARIANTS` (plain softmax, a learned sink per
   head, softmax plus one, the sigmoid output gate) and each seed, train a :func:`sink_model` (its exits
-  started open or shut: ``sink_init``, ``gate_bias``) and measure
-  :func:`first_position_share`, the share of attention weight on position 0, :func:`first_value_ratio`,
-  how long position 0's value is next to the others' (a no-op sink's is short), and
-  :func:`backcopy_accuracy`. The toy has no final RMSNorm by default (see :class:`TinyLM`): with one, the
+  started open or shut: ``sink_init``, ``gate_bias``; global or a sliding window: ``sliding_window``) and
+  measure :func:`first_position_share`, the share of attention weight on position 0, before training and
+  after, :func:`sink_share`, the weight the sink logit takes, :func:`first_value_ratio`, how long position
+  0's value is next to the others' (a no-op sink's is short), and :func:`backcopy_accuracy`. The toy has no final RMSNorm by default (see :class:`TinyLM`): with one, the
   first token's value grows and serves as a bias, and no zero-valued remedy replaces it.
-* :func:`logit_growth_experiment`: train at a high learning rate with and without ``qk_norm`` and record
+* :func:`logit_growth_experiment`: train each variant of :data:`GROWTH_VARIANTS` (plain, ``qk_norm``, Gemma 2's
+  ``attn_logit_softcapping``) at one or more learning rates (Wortsman et al. 2023's sweep) and record
   :func:`max_attention_logit`, the largest ``|q . k| * scaling``, along the way.
 
 Both run in seconds on one CPU thread; the chapter asserts bounds far from the values measured.
@@ -57,10 +58,13 @@ __all__ = [
     "first_position_share",
     "backcopy_accuracy",
     "first_value_ratio",
+    "sink_share",
     "max_attention_logit",
+    "attention_entropy",
     "SinkRun",
     "sink_model",
     "sink_experiment",
+    "GROWTH_VARIANTS",
     "logit_growth_experiment",
 ]
 
@@ -193,11 +197,13 @@ class TrainResult:
     Attributes:
         loss: the training loss of every step.
         max_logit: ``(step, max_attention_logit)`` at every ``record_every``-th step (empty if not asked).
+        entropy: ``(step, attention_entropy)`` at the same steps.
         seconds: wall time of the training loop.
     """
 
     loss: list[float] = field(default_factory=list)
     max_logit: list[tuple[int, float]] = field(default_factory=list)
+    entropy: list[tuple[int, float]] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -215,7 +221,8 @@ def train_tiny_lm(
 ) -> TrainResult:
     """Train ``model`` on fresh :func:`backcopy_batch` batches with AdamW at a constant rate ``lr``
     (no warmup, no clipping). ``seed`` seeds the batches. With ``record_every``, also record
-    :func:`max_attention_logit` on the training batch every that many steps (and at the last).
+    :func:`max_attention_logit` and :func:`attention_entropy` on the training batch every that many steps (and
+    at the last).
     The model is left in eval mode."""
     if not isinstance(model, TinyLM):
         raise TypeError(f"model must be an attnbook.llm_experiments.TinyLM, got {type(model).__name__}")
@@ -240,6 +247,7 @@ def train_tiny_lm(
         result.loss.append(loss.item())
         if record_every is not None and (step % record_every == 0 or step == steps):
             result.max_logit.append((step, max_attention_logit(model, ids[:, :-1])))
+            result.entropy.append((step, attention_entropy(model, ids[:, :-1])))
     result.seconds = time.perf_counter() - start
     model.eval()
     return result
@@ -253,21 +261,37 @@ def _check_lm_ids(model: object, ids: object) -> tuple[TinyLM, torch.Tensor]:
     return model, ids
 
 
-@torch.no_grad()
-def first_position_share(model: TinyLM, ids: torch.Tensor, start: int = 4) -> float:
-    """The attention weight on position 0 (BOS), averaged over the layers, the heads, the sequences of
-    ``ids`` ``(B, T)`` and the queries at positions ``start .. T-1`` (early queries have few keys to spread
-    over: query 0 can only see position 0). An even spread over the keys would give
-    ``mean(1 / (t + 1) for t in start .. T-1)``: 0.07 for T = 32."""
+def _query_weights(model: TinyLM, ids: torch.Tensor, start: int, stop: int | None) -> list[torch.Tensor]:
+    """Each layer's attention weights ``(B, H, T', S)`` for the queries at positions ``start .. stop-1``."""
     model, ids = _check_lm_ids(model, ids)
-    check_int("start", start, 0, ids.shape[1] - 1)
+    T = ids.shape[1]
+    stop = T if stop is None else check_int("stop", stop, 1, T)
+    check_int("start", start, 0, stop - 1)
     was_training = model.training
     model.eval()
     try:
         _, weights = model(ids, need_weights=True)
     finally:
         model.train(was_training)
-    shares = [w[:, :, start:, 0].mean() for w in weights if w is not None]  # (B, H, T - start) each, averaged
+    return [w[:, :, start:stop] for w in weights if w is not None]  # (B, H, T', S) each
+
+
+@torch.no_grad()
+def first_position_share(model: TinyLM, ids: torch.Tensor, start: int = 4, stop: int | None = None) -> float:
+    """The attention weight on position 0 (BOS), averaged over the layers, the heads, the sequences of
+    ``ids`` ``(B, T)`` and the queries at positions ``start .. stop-1`` (default: to the end; early queries
+    have few keys to spread over: query 0 can only see position 0). An even spread over the keys would give
+    ``mean(1 / (t + 1) for t in start .. T-1)``: 0.07 for T = 32."""
+    shares = [w[..., 0].mean() for w in _query_weights(model, ids, start, stop)]  # each averaged
+    return float(torch.stack(shares).mean())
+
+
+@torch.no_grad()
+def sink_share(model: TinyLM, ids: torch.Tensor, start: int = 4, stop: int | None = None) -> float:
+    """The weight that goes to no token, ``1 - sum_j w_j`` per query row, averaged as
+    :func:`first_position_share` averages: what a learned sink (or softmax plus one's implicit logit 0)
+    takes. 0 for plain softmax and the gate, whose rows sum to 1."""
+    shares = [(1 - w.sum(-1)).mean() for w in _query_weights(model, ids, start, stop)]  # each averaged
     return float(torch.stack(shares).mean())
 
 
@@ -307,8 +331,8 @@ def backcopy_accuracy(model: TinyLM, ids: torch.Tensor, num_triggers: int = 3) -
 @torch.no_grad()
 def max_attention_logit(model: TinyLM, ids: torch.Tensor) -> float:
     """The largest ``|q . k| * scaling`` over the layers, heads, sequences of ``ids`` ``(B, T)`` and the
-    query-key pairs the causal mask allows: the attention logit before the softmax (what a float16 kernel
-    must hold: its largest number is 65504)."""
+    query-key pairs the causal mask allows: the attention logit before soft-capping and the softmax (what
+    grows without QK-norm; a soft-capped layer's softmax sees ``cap * tanh(logit / cap)`` of it)."""
     model, ids = _check_lm_ids(model, ids)
     largest = 0.0
     T = ids.shape[1]
@@ -317,6 +341,15 @@ def max_attention_logit(model: TinyLM, ids: torch.Tensor) -> float:
         logits = attention.attention_logits(x)  # (B, H, T, T)
         largest = max(largest, float(logits.abs().masked_fill(~allowed, 0.0).amax()))
     return largest
+
+
+@torch.no_grad()
+def attention_entropy(model: TinyLM, ids: torch.Tensor, start: int = 4) -> float:
+    """The entropy ``-sum_j w_j ln w_j`` (nats) of each query's attention weights, averaged over the layers,
+    heads, sequences of ``ids`` ``(B, T)`` and queries at positions ``start .. T-1``: ``ln(t + 1)`` for an even
+    spread over query t's keys, 0 for a one-hot row (the entropy collapse that growing logits cause)."""
+    entropies = [-(w * w.clamp_min(1e-30).log()).sum(-1).mean() for w in _query_weights(model, ids, start, None)]
+    return float(torch.stack(entropies).mean())
 
 
 def _seeds(seeds: Iterable[int]) -> list[int]:
@@ -331,16 +364,22 @@ class SinkRun:
     """One trained model of :func:`sink_experiment`.
 
     Attributes:
-        share: :func:`first_position_share` on the held-out sequences.
+        share: :func:`first_position_share` on the held-out sequences, after training.
         accuracy: :func:`backcopy_accuracy` on them (did the model learn the task?).
         value_ratio: :func:`first_value_ratio` on them (is the first token a no-op?).
         seconds: training time.
+        share_at_start: :func:`first_position_share` of the untrained model (step 0, the baseline).
+        sink_share: :func:`sink_share` after training: the weight the sink logit takes (0 without one).
+        model: the trained model, to measure more (not shown in the repr).
     """
 
     share: float
     accuracy: float
     value_ratio: float
     seconds: float
+    share_at_start: float
+    sink_share: float
+    model: TinyLM = field(repr=False)
 
 
 def _with_bias(linear: nn.Module, value: float) -> nn.Linear:
@@ -361,6 +400,7 @@ def sink_model(
     final_norm: bool = False,
     sink_init: float = 3.0,
     gate_bias: float | None = None,
+    sliding_window: int | None = None,
 ) -> TinyLM:
     """The untrained :class:`TinyLM` (1 layer, 2 heads, E = 32, vocabulary 24) that :func:`sink_experiment`
     trains for ``variant`` (a name of :data:`SINK_VARIANTS`) and ``seed``.
@@ -375,6 +415,10 @@ def sink_model(
     bias initialised to it, its weights as without one: -3 starts the gate nearly closed, ``sigmoid(-3) =
     0.047``, the gate's counterpart of ``sink_init=3``.
 
+    ``sliding_window`` makes the attention local (:class:`LLMAttention`'s meaning: each query sees itself and
+    the ``sliding_window - 1`` keys before it), as gpt-oss's every other layer: past the window the first
+    token is out of reach.
+
     The initial weights come from ``torch.manual_seed(seed)`` under ``torch.random.fork_rng`` (the caller's
     generator is left as it was)."""
     if variant not in SINK_VARIANTS:
@@ -388,7 +432,7 @@ def sink_model(
                             f"got {type(value).__name__} {value!r}")
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = TinyLM(24, final_norm=final_norm, **SINK_VARIANTS[variant])
+        model = TinyLM(24, final_norm=final_norm, sliding_window=sliding_window, **SINK_VARIANTS[variant])
         for attention in model.attentions():
             if attention.sinks is not None:
                 nn.init.constant_(attention.sinks, float(sink_init))
@@ -407,13 +451,15 @@ def sink_experiment(
     final_norm: bool = False,
     sink_init: float = 3.0,
     gate_bias: float | None = None,
+    sliding_window: int | None = None,
 ) -> dict[tuple[str, int], SinkRun]:
     """Train one :func:`sink_model` (1 layer, 2 heads, E = 32) per variant of :data:`SINK_VARIANTS` and seed
     on the Bigram-Backcopy task (``steps`` steps of AdamW at ``lr``, batches of 32) and return
     ``{(variant, seed): SinkRun}``, measured on 256 held-out sequences of length ``T``.
 
     ``sink_init`` (where the learned sink logits start, 3 by default: open) and ``gate_bias`` (``None`` by
-    default: the gate has no bias, as Qwen3-Next's; -3 starts it nearly closed) are :func:`sink_model`'s."""
+    default: the gate has no bias, as Qwen3-Next's; -3 starts it nearly closed) and ``sliding_window`` are
+    :func:`sink_model`'s. Shares are over the queries at positions 4 .. T-1."""
     for v in variants:
         if v not in SINK_VARIANTS:
             raise ValueError(f"unknown variant {v!r}; the variants are {', '.join(SINK_VARIANTS)}")
@@ -421,33 +467,57 @@ def sink_experiment(
     runs = {}
     for variant in variants:
         for seed in _seeds(seeds):
-            model = sink_model(variant, seed, final_norm=final_norm, sink_init=sink_init, gate_bias=gate_bias)
+            model = sink_model(variant, seed, final_norm=final_norm, sink_init=sink_init, gate_bias=gate_bias,
+                               sliding_window=sliding_window)
+            at_start = first_position_share(model, test)
             result = train_tiny_lm(model, steps, lr, T=T, seed=seed)
             runs[variant, seed] = SinkRun(first_position_share(model, test), backcopy_accuracy(model, test),
-                                          first_value_ratio(model, test), result.seconds)
+                                          first_value_ratio(model, test), result.seconds, at_start,
+                                          sink_share(model, test), model)
     return runs
+
+
+#: The variants :func:`logit_growth_experiment` compares, as :class:`LLMAttention` switches: nothing bounds the
+#: logits; QK-norm (Qwen3, Gemma 3, OLMo 2); Gemma 2's soft cap of the scores, ``50 * tanh(s / 50)``.
+GROWTH_VARIANTS: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "qk_norm": {"qk_norm": True},
+    "softcap": {"attn_logit_softcapping": 50.0},
+}
 
 
 def logit_growth_experiment(
     seeds: Sequence[int] = (0, 1, 2),
     *,
+    lrs: Sequence[float] = (0.1,),
+    variants: Sequence[str] = tuple(GROWTH_VARIANTS),
     steps: int = 400,
-    lr: float = 0.1,
     record_every: int = 20,
     T: int = 32,
-) -> dict[tuple[bool, int], TrainResult]:
-    """Train one :class:`TinyLM` (1 layer, 2 heads, E = 32, final RMSNorm) per seed with and without
-    ``qk_norm`` at the high learning rate ``lr``; return ``{(qk_norm, seed): TrainResult}`` whose
-    ``max_logit`` traces :func:`max_attention_logit` over training (on each recorded step's batch).
+) -> dict[tuple[str, float, int], TrainResult]:
+    """Train one :class:`TinyLM` (1 layer, 2 heads, E = 32, final RMSNorm) per variant of
+    :data:`GROWTH_VARIANTS`, learning rate of ``lrs`` and seed; return ``{(variant, lr, seed): TrainResult}``
+    whose ``max_logit`` traces :func:`max_attention_logit` over training (on each recorded step's batch).
+    A variant's models start from the same weights for a seed (the switches add no parameters but the
+    norms' weights, which start at 1).
 
     With ``qk_norm`` each head's q and k have D features of RMS 1 before the norm's weight, so a logit is at
     most ``D ** -0.5 * D * max|q_norm.weight| * max|k_norm.weight| = sqrt(D) * ...``: 4 for D = 16 while
-    the weights stay at 1, and only as large as those weights grow. Without it nothing bounds q and k."""
+    the weights stay at 1, and only as large as those weights grow. Without it nothing bounds q and k; the
+    soft cap bounds what the softmax sees (under 50) but not ``q . k`` itself."""
+    for v in variants:
+        if v not in GROWTH_VARIANTS:
+            raise ValueError(f"unknown variant {v!r}; the variants are {', '.join(GROWTH_VARIANTS)}")
+    rates = list(lrs)
+    if not rates or not all(isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0 for lr in rates):
+        raise ValueError(f"lrs must be positive learning rates, got {lrs!r}")
     results = {}
-    for qk_norm in (False, True):
-        for seed in _seeds(seeds):
-            with torch.random.fork_rng():
-                torch.manual_seed(seed)
-                model = TinyLM(24, final_norm=True, qk_norm=qk_norm)
-            results[qk_norm, seed] = train_tiny_lm(model, steps, lr, T=T, seed=seed, record_every=record_every)
+    for variant in variants:
+        for lr in rates:
+            for seed in _seeds(seeds):
+                with torch.random.fork_rng():
+                    torch.manual_seed(seed)
+                    model = TinyLM(24, final_norm=True, **GROWTH_VARIANTS[variant])
+                results[variant, lr, seed] = train_tiny_lm(model, steps, lr, T=T, seed=seed,
+                                                           record_every=record_every)
     return results
