@@ -67,23 +67,18 @@ def check_module_inputs(module: torch.nn.Module, **inputs: object) -> None:
         if isinstance(t, torch.Tensor) and t.is_floating_point() and all(t is not u for u in given.values()):
             given[name] = t
     owner = type(module).__name__
-    wrong = {name: t for name, t in given.items() if t.dtype != param.dtype}
-    if wrong:
-        got = ", ".join(f"{name} is {t.dtype}" for name, t in wrong.items())
-        first = next(iter(wrong))
-        raise TypeError(
-            f"{got}, but {owner}'s parameters are {param.dtype}: cast the input "
-            f"({first}.to({param.dtype})) or the module (module.to({wrong[first].dtype}))"
-        )
-    away = {name: t for name, t in given.items() if t.device != param.device}
-    if away:
-        got = ", ".join(f"{name} is on {t.device}" for name, t in away.items())
-        first = next(iter(away))
-        raise ValueError(
-            f"{got}, but {owner}'s parameters are on {param.device}: move the input "
-            f"({first}.to('{param.device}')) or the module (module.to('{next(iter(away.values())).device}'))"
-        )
-
+    # (attribute, error, how it reads, verb, how a value is written in the fix): a dtype first, then a device
+    for attr, error, reads, verb, shown in (("dtype", TypeError, "", "cast", "{}"),
+                                            ("device", ValueError, "on ", "move", "'{}'")):
+        want = getattr(param, attr)
+        off = {name: t for name, t in given.items() if getattr(t, attr) != want}
+        if off:
+            got = ", ".join(f"{name} is {reads}{getattr(t, attr)}" for name, t in off.items())
+            first = next(iter(off))
+            raise error(
+                f"{got}, but {owner}'s parameters are {reads}{want}: {verb} the input "
+                f"({first}.to({shown.format(want)})) or the module (module.to({shown.format(getattr(off[first], attr))}))"
+            )
 
 def check_bool(name: str, value: object) -> bool:
     """``value`` as a bool: ``TypeError`` for anything else (``"yes"``, ``1``, ``None``), so that a flag passed
