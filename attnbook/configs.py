@@ -1,10 +1,11 @@
-"""The attention-relevant parts of six published model configs, and what their KV caches weigh.
+"""The attention-relevant parts of published model configs (six of 2024-2025, six of 2026), and what
+their KV caches weigh.
 
 Dimension legend: B batch (sequences), S context length (tokens in a sequence so far), N layers,
 H query heads, Hkv key/value heads, D head dim, Dv value head dim.
 
 A model's KV cache is not always "every layer keeps keys and values of every token". The six
-configs here show the four kinds of layer that serving code has to budget for:
+configs of :data:`CONFIGS` (chapter 12) show the four kinds of layer that serving code has to budget for:
 
 * ``"full"``: global (full) attention. Keys and values of all S tokens:
   ``2 * Hkv * D`` numbers per token and layer (:func:`attnbook.kvcache.kv_cache_bytes_per_token`).
@@ -17,8 +18,19 @@ configs here show the four kinds of layer that serving code has to budget for:
   recurrent state of ``linear_num_value_heads * linear_key_head_dim * linear_value_head_dim`` numbers
   plus a short convolution cache of ``linear_conv_kernel_dim`` positions, the same at S = 1 and at S = 10^6.
 
-:func:`kv_cache_by_layer` counts each kind for a config and a context length; :data:`CONFIGS` holds
-the six published configs (:class:`AttentionConfig`, each with the URL of its Hugging Face
+The six of :data:`CONFIGS_2026` (chapter 14) add four more (:data:`ALL_LAYER_KINDS`):
+
+* ``"sparse_mla"``: DeepSeek Sparse Attention (DeepSeek-V3.2): an MLA layer whose lightning indexer also
+  caches one key of ``index_head_dim`` numbers per token, to choose the ``index_topk`` tokens each query reads.
+* ``"csa"``: DeepSeek-V4's compressed sparse attention: a sliding window of ``sliding_window`` tokens plus one
+  compressed entry per ``csa_compress_rate`` tokens, and the indexer's key (``index_head_dim``) per entry.
+* ``"hca"``: DeepSeek-V4's heavily compressed attention: the window plus one entry per ``hca_compress_rate``
+  tokens, no indexer.
+* ``"shared"``: a layer that reads an earlier layer's keys and values (Gemma 4's ``num_kv_shared_layers``,
+  cross-layer KV sharing): it caches nothing of its own.
+
+:func:`kv_cache_by_layer` counts each kind for a config and a context length; :data:`CONFIGS` and
+:data:`CONFIGS_2026` hold the published configs (:class:`AttentionConfig`, each with the URL of its Hugging Face
 ``config.json`` and how its numbers were checked).
 
 Exactly what is counted (each rule follows a cache class of ``transformers`` 5.24, and the tests check
@@ -44,6 +56,15 @@ each against that class):
   dtype for these models; 1 for an fp8 cache). Multi-token-prediction modules (DeepSeek-V3, Qwen3-Next)
   are not counted: they are not among the ``num_hidden_layers`` layers and hold a cache only when used
   for speculative decoding.
+* Where a config's global layers have their own heads (Gemma 4: ``global_head_dim`` 512 and, for the large
+  models, ``num_global_key_value_heads``), a ``"full"`` layer counts ``global_num_kv_heads`` heads of
+  ``global_head_dim`` (``transformers``' ``Gemma4TextConfig.per_layer_config``).
+* ``keys_are_values`` (DeepSeek-V4): the one KV head is read as key and as value, so a token caches one vector,
+  not two (``transformers``' ``DeepseekV4HCACache`` points ``values`` at the same tensor as ``keys``). A
+  compressed entry is ``head_dim`` numbers; the compressors' partial-window buffers (fewer than the rate's source
+  tokens, emptied each time a window closes) are not counted.
+* The DSA indexer's keys are counted at ``dtype_bytes`` like the latent (``transformers``' ``update_indexer``
+  keeps them in the model's dtype; DeepSeek's inference code stores them in fp8).
 """
 
 from __future__ import annotations
@@ -69,18 +90,32 @@ __all__ = [
     "GPT_OSS_120B",
     "QWEN3_NEXT_80B",
     "CONFIGS",
+    "ALL_LAYER_KINDS",
+    "DEEPSEEK_V32",
+    "DEEPSEEK_V4_FLASH",
+    "GEMMA_4_31B",
+    "GEMMA_4_E4B",
+    "KIMI_LINEAR_48B",
+    "QWEN3_5_35B",
+    "CONFIGS_2026",
     "ROPE_PARAMETERS",
     "get_config",
     "kv_cache_by_layer",
     "format_bytes",
 ]
 
+# the kinds of CONFIGS (chapter 12's models; what the KV budget explorer draws), then the four 2026's models add
 LAYER_KINDS = ("full", "sliding", "mla", "linear")
+ALL_LAYER_KINDS = LAYER_KINDS + ("sparse_mla", "csa", "hca", "shared")
 LAYER_KIND_LABELS = {
     "full": "global (full attention)",
     "sliding": "local (sliding window)",
     "mla": "MLA latent",
     "linear": "linear-attention state",
+    "sparse_mla": "MLA latent + indexer key",
+    "csa": "window + compressed sparse (1 in 4)",
+    "hca": "window + heavily compressed (1 in 128)",
+    "shared": "shared (reads an earlier layer's KV)",
 }
 # dtype_bytes -> the torch dtype handed to attnbook.kvcache.kv_cache_bytes_per_token (only its size matters)
 _DTYPES = {1: torch.float8_e4m3fn, 2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
@@ -112,25 +147,41 @@ class AttentionConfig:
     linear_key_head_dim: int | None = None
     linear_value_head_dim: int | None = None
     linear_conv_kernel_dim: int | None = None
+    index_head_dim: int | None = None
+    csa_compress_rate: int | None = None
+    hca_compress_rate: int | None = None
+    global_num_kv_heads: int | None = None
+    global_head_dim: int | None = None
+    keys_are_values: bool = False
     verified: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.layer_types, tuple) or not self.layer_types:
             raise TypeError(f"{self.name}: layer_types must be a non-empty tuple of kinds, got {self.layer_types!r}")
-        unknown = sorted(set(self.layer_types) - set(LAYER_KINDS))
+        unknown = sorted(set(self.layer_types) - set(ALL_LAYER_KINDS))
         if unknown:
-            raise ValueError(f"{self.name}: unknown layer kinds {unknown}; kinds are {LAYER_KINDS}")
+            raise ValueError(f"{self.name}: unknown layer kinds {unknown}; kinds are {ALL_LAYER_KINDS}")
+        if not isinstance(self.keys_are_values, bool):
+            raise TypeError(f"{self.name}: keys_are_values must be a bool, got {self.keys_are_values!r}")
         for field in ("num_heads", "num_kv_heads", "head_dim", "max_position_embeddings"):
             check_int(f"{self.name}: {field}", getattr(self, field))
         needs = {"sliding": ("sliding_window",), "mla": ("kv_lora_rank", "qk_rope_head_dim"),
                  "linear": ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                            "linear_value_head_dim", "linear_conv_kernel_dim")}
+                            "linear_value_head_dim", "linear_conv_kernel_dim"),
+                 "sparse_mla": ("kv_lora_rank", "qk_rope_head_dim", "index_head_dim"),
+                 "csa": ("sliding_window", "csa_compress_rate", "index_head_dim"),
+                 "hca": ("sliding_window", "hca_compress_rate")}
         for kind, fields in needs.items():
             if kind in self.layer_types:
                 for field in fields:
                     if getattr(self, field) is None:
                         raise ValueError(f"{self.name}: {kind} layers need {field}, which is None")
                     check_int(f"{self.name}: {field}", getattr(self, field))
+        for field in ("global_num_kv_heads", "global_head_dim"):
+            if getattr(self, field) is not None:
+                check_int(f"{self.name}: {field}", getattr(self, field))
+        if "shared" in self.layer_types and self.layer_types[0] == "shared":
+            raise ValueError(f"{self.name}: a shared layer reads an earlier layer's keys and values; layer 0 cannot be one")
 
     @property
     def num_layers(self) -> int:
@@ -138,9 +189,9 @@ class AttentionConfig:
         return len(self.layer_types)
 
     def count(self, kind: str) -> int:
-        """How many layers are of ``kind`` (one of :data:`LAYER_KINDS`)."""
-        if kind not in LAYER_KINDS:
-            raise ValueError(f"kind must be one of {LAYER_KINDS}, got {kind!r}")
+        """How many layers are of ``kind`` (one of :data:`ALL_LAYER_KINDS`)."""
+        if kind not in ALL_LAYER_KINDS:
+            raise ValueError(f"kind must be one of {ALL_LAYER_KINDS}, got {kind!r}")
         return self.layer_types.count(kind)
 
 
@@ -151,7 +202,7 @@ class CacheRow:
 
     kind: str
     num_layers: int
-    tokens: int | None
+    tokens: int | None  # for "csa" and "hca": the window's tokens plus the compressed entries
     bytes: int
 
     @property
@@ -251,23 +302,128 @@ CONFIGS: dict[str, AttentionConfig] = {
 }
 
 
+# ------------------------------------------------------------------ 2026's models (chapter 14)
+
+
+def _gemma4_layers(num_layers: int, period: int, num_kv_shared_layers: int) -> tuple[str, ...]:
+    """Gemma 4's layer kinds: ``period - 1`` local layers then a global one, repeated (``transformers``'
+    ``_DEFAULT_LAYER_TYPES`` in ``convert_gemma4_weights.py``), and the last ``num_kv_shared_layers`` layers
+    reading the keys and values of the last earlier layer of their type (``Gemma4TextConfig.kv_sharing_modes``)."""
+    kinds = _every(num_layers, period, "sliding", "full")
+    first_shared = num_layers - num_kv_shared_layers
+    return kinds[:first_shared] + ("shared",) * num_kv_shared_layers
+
+
+DEEPSEEK_V32 = AttentionConfig(
+    name="DeepSeek-V3.2", repo="deepseek-ai/DeepSeek-V3.2-Exp", source=_HF.format("deepseek-ai/DeepSeek-V3.2-Exp"),
+    layer_types=("sparse_mla",) * 61, num_heads=128, num_kv_heads=128, head_dim=192, max_position_embeddings=163840,
+    kv_lora_rank=512, qk_rope_head_dim=64, index_head_dim=128,
+    verified="transformers 5.24's DeepseekV32Config defaults (documented as deepseek-ai/DeepSeek-V3.2-Exp): "
+             "num_hidden_layers 61, num_attention_heads 128, kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim "
+             "128, max_position_embeddings 163840, every layer 'indexed_attention', index_n_heads 64, index_head_dim "
+             "128, index_topk 2048: DeepSeek-V3's MLA with a lightning indexer, whose key cache "
+             "(DynamicIndexedLayer, cache.update_indexer) holds index_head_dim numbers per token beside the latent. "
+             "The official config.json itself was not seen.",
+)
+
+DEEPSEEK_V4_FLASH = AttentionConfig(
+    name="DeepSeek-V4-Flash", repo="deepseek-ai/DeepSeek-V4-Flash-Base",
+    source=_HF.format("deepseek-ai/DeepSeek-V4-Flash-Base"),
+    layer_types=("sliding",) * 2 + ("csa", "hca") * 20 + ("csa",), num_heads=64, num_kv_heads=1, head_dim=512,
+    max_position_embeddings=1048576, sliding_window=128, index_head_dim=128, csa_compress_rate=4,
+    hca_compress_rate=128, keys_are_values=True,
+    verified="num_hidden_layers 43, num_attention_heads 64, num_key_value_heads 1, head_dim 512, qk_rope_head_dim 64, "
+             "sliding_window 128, index_n_heads 64, index_head_dim 128, index_topk 512, o_groups 8, o_lora_rank 1024, "
+             "max_position_embeddings 1048576: transformers 5.24's DeepseekV4Config defaults (documented as "
+             "deepseek-ai/DeepSeek-V4-Flash-Base) and a copy of the Flash-Base config.json in a serving engine's tests, "
+             "whose compress_ratios are 0, 0, then 4 and 128 alternating up to layer 42 (4), then a trailing 0 for the "
+             "MTP layer: 2 sliding-window layers, 21 compressed sparse (rate 4, "
+             "compress_rates['compressed_sparse_attention']), 20 heavily compressed (rate 128). The official "
+             "config.json itself was not seen.",
+)
+
+GEMMA_4_31B = AttentionConfig(
+    name="Gemma 4 31B", repo="google/gemma-4-31B-it", source=_HF.format("google/gemma-4-31B-it"),
+    layer_types=_gemma4_layers(60, 6, 0), num_heads=32, num_kv_heads=16, head_dim=256,
+    max_position_embeddings=262144, sliding_window=1024, global_num_kv_heads=4, global_head_dim=512,
+    verified="the gemma-4-31b variant of transformers' convert_gemma4_weights.py: num_hidden_layers 60, layer_types "
+             "5 sliding + 1 full repeated 10 times, num_attention_heads 32, num_key_value_heads 16, "
+             "num_global_key_value_heads 4, attention_k_eq_v true (the global layers' values are their keys' "
+             "projection, still cached as their own tensor), num_kv_shared_layers 0, sliding_window 1024, "
+             "max_position_embeddings 262144; head_dim 256 and global_head_dim 512 are Gemma4TextConfig's defaults. "
+             "The official config.json itself was not seen.",
+)
+
+GEMMA_4_E4B = AttentionConfig(
+    name="Gemma 4 E4B", repo="google/gemma-4-E4B-it", source=_HF.format("google/gemma-4-E4B-it"),
+    layer_types=_gemma4_layers(42, 6, 18), num_heads=8, num_kv_heads=2, head_dim=256,
+    max_position_embeddings=131072, sliding_window=512, global_num_kv_heads=2, global_head_dim=512,
+    verified="the gemma-4-e4b variant of transformers' convert_gemma4_weights.py: num_hidden_layers 42, layer_types "
+             "5 sliding + 1 full repeated 7 times, num_attention_heads 8, num_key_value_heads 2 (the global layers "
+             "too: num_global_key_value_heads None), global_head_dim 512, num_kv_shared_layers 18 (layers 24-41 read "
+             "the keys and values of layers 22 and 23, Gemma4TextConfig.kv_sharing_modes); head_dim 256, "
+             "sliding_window 512 and max_position_embeddings 131072 are Gemma4TextConfig's defaults. The official "
+             "config.json itself was not seen.",
+)
+
+KIMI_LINEAR_48B = AttentionConfig(
+    name="Kimi Linear 48B-A3B", repo="moonshotai/Kimi-Linear-48B-A3B-Instruct",
+    source=_HF.format("moonshotai/Kimi-Linear-48B-A3B-Instruct"),
+    layer_types=tuple("mla" if i in (4, 8, 12, 16, 20, 24, 27) else "linear" for i in range(1, 28)),
+    num_heads=32, num_kv_heads=32, head_dim=192, max_position_embeddings=1048576, kv_lora_rank=512,
+    qk_rope_head_dim=64, linear_num_key_heads=32, linear_num_value_heads=32, linear_key_head_dim=128,
+    linear_value_head_dim=128, linear_conv_kernel_dim=4,
+    verified="num_hidden_layers 27, linear_attn_config kda_layers 1-3, 5-7, ..., 25, 26 (20 Kimi Delta Attention "
+             "layers) and full_attn_layers 4, 8, 12, 16, 20, 24, 27 (7 MLA layers, 1-based), num_heads 32, head_dim "
+             "128, short_conv_kernel_size 4, num_attention_heads 32, kv_lora_rank 512, qk_rope_head_dim 64 (the "
+             "latent and rotary key its MLA caches, kv_a_proj_with_mqa), qk_nope_head_dim 128, model_max_length "
+             "1048576: a copy of the config.json in a serving engine's tests, and transformers 5.24's "
+             "KimiLinearConfig (documented as moonshotai/Kimi-Linear-48B-A3B-Instruct; its defaults agree). The "
+             "official file itself was not seen.",
+)
+
+QWEN3_5_35B = AttentionConfig(
+    name="Qwen3.5-35B-A3B", repo="Qwen/Qwen3.5-35B-A3B", source=_HF.format("Qwen/Qwen3.5-35B-A3B"),
+    layer_types=_every(40, 4, "linear", "full"), num_heads=16, num_kv_heads=2, head_dim=256,
+    max_position_embeddings=32768, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+    linear_value_head_dim=128, linear_conv_kernel_dim=4,
+    verified="transformers 5.24's Qwen3_5MoeTextConfig defaults (documented as Qwen/Qwen3.5-35B-A3B): "
+             "num_hidden_layers 40, full_attention_interval 4 (10 full, 30 Gated DeltaNet), num_attention_heads 16, "
+             "num_key_value_heads 2, head_dim 256, linear_num_key_heads 16, linear_num_value_heads 32, "
+             "linear_key_head_dim 128, linear_value_head_dim 128, linear_conv_kernel_dim 4; "
+             "max_position_embeddings 32768 is that class's default, not a number read from the release. The "
+             "official config.json itself was not seen.",
+)
+
+CONFIGS_2026: dict[str, AttentionConfig] = {
+    "deepseek-v3.2": DEEPSEEK_V32,
+    "deepseek-v4-flash": DEEPSEEK_V4_FLASH,
+    "gemma-4-31b": GEMMA_4_31B,
+    "gemma-4-e4b": GEMMA_4_E4B,
+    "kimi-linear-48b-a3b": KIMI_LINEAR_48B,
+    "qwen3.5-35b-a3b": QWEN3_5_35B,
+}
+
+
 def get_config(config: str | AttentionConfig) -> AttentionConfig:
-    """``config`` itself, or the one of :data:`CONFIGS` called ``config`` (e.g. ``"gemma-3-27b"``)."""
+    """``config`` itself, or the one of :data:`CONFIGS` or :data:`CONFIGS_2026` called ``config`` (e.g.
+    ``"gemma-3-27b"``, ``"deepseek-v4-flash"``)."""
     if isinstance(config, AttentionConfig):
         return config
     if not isinstance(config, str):
         raise TypeError(f"config must be a name of CONFIGS or an AttentionConfig, got {type(config).__name__}")
-    if config not in CONFIGS:
-        raise ValueError(f"unknown config {config!r}; known configs: {', '.join(CONFIGS)}")
-    return CONFIGS[config]
+    known = {**CONFIGS, **CONFIGS_2026}
+    if config not in known:
+        raise ValueError(f"unknown config {config!r}; known configs: {', '.join(known)}")
+    return known[config]
 
 
 def kv_cache_by_layer(config: str | AttentionConfig, context_len: int, *, dtype_bytes: int = 2, batch: int = 1,
                       state_dtype_bytes: int = 4) -> list[CacheRow]:
     """The KV cache of ``batch`` sequences of ``context_len`` tokens (S) each, split by kind of layer.
 
-    Returns one :class:`CacheRow` per kind present in ``config`` (a name of :data:`CONFIGS` or an
-    :class:`AttentionConfig`), in the order of :data:`LAYER_KINDS`; the total is ``sum(r.bytes for r in rows)``.
+    Returns one :class:`CacheRow` per kind present in ``config`` (a name of :data:`CONFIGS` or
+    :data:`CONFIGS_2026`, or an :class:`AttentionConfig`), in the order of :data:`ALL_LAYER_KINDS`; the total is ``sum(r.bytes for r in rows)``.
     Keys, values, latents and convolution states take ``dtype_bytes`` bytes per number (1, 2, 4 or 8);
     the linear layers' recurrent state ``state_dtype_bytes`` (4: float32, as ``transformers`` keeps it).
     See the module docstring for what each kind holds; full and sliding layers are counted with
@@ -283,14 +439,36 @@ def kv_cache_by_layer(config: str | AttentionConfig, context_len: int, *, dtype_
             raise ValueError(f"{name} must be one of {sorted(_DTYPES)} (bytes per number), got {size!r}")
     dtype = _DTYPES[dtype_bytes]
     rows = []
-    for kind in LAYER_KINDS:
+    # bytes per token of one layer's keys and values (halved where the one KV head is read as both)
+    half = 2 if cfg.keys_are_values else 1
+    kv_local = kv_cache_bytes_per_token(1, cfg.num_kv_heads, cfg.head_dim, dtype) // half
+    for kind in ALL_LAYER_KINDS:
         n = cfg.count(kind)
         if n == 0:
             continue
-        if kind in ("full", "sliding"):
-            tokens = S if kind == "full" else min(S, cfg.sliding_window or S)
-            size = B * tokens * kv_cache_bytes_per_token(n, cfg.num_kv_heads, cfg.head_dim, dtype)
-            rows.append(CacheRow(kind, n, tokens, size))
+        if kind == "full":
+            heads = cfg.global_num_kv_heads or cfg.num_kv_heads
+            size = B * S * kv_cache_bytes_per_token(n, heads, cfg.global_head_dim or cfg.head_dim, dtype) // half
+            rows.append(CacheRow(kind, n, S, size))
+        elif kind == "sliding":
+            tokens = min(S, cfg.sliding_window or S)
+            rows.append(CacheRow(kind, n, tokens, B * n * tokens * kv_local))
+        elif kind == "shared":
+            rows.append(CacheRow(kind, n, 0, 0))
+        elif kind == "sparse_mla":
+            assert cfg.kv_lora_rank and cfg.qk_rope_head_dim and cfg.index_head_dim  # checked by AttentionConfig
+            per_token = (cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim) * dtype_bytes
+            rows.append(CacheRow(kind, n, S, B * S * n * per_token))
+        elif kind in ("csa", "hca"):
+            rate = cfg.csa_compress_rate if kind == "csa" else cfg.hca_compress_rate
+            assert cfg.sliding_window is not None and rate is not None  # checked by AttentionConfig
+            window = min(S, cfg.sliding_window)
+            entries = S // rate  # one entry per closed window of `rate` tokens
+            entry = cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+            if kind == "csa":
+                assert cfg.index_head_dim is not None
+                entry += cfg.index_head_dim * dtype_bytes  # the indexer's key of each compressed entry
+            rows.append(CacheRow(kind, n, window + entries, B * n * (window * kv_local + entries * entry)))
         elif kind == "mla":
             assert cfg.kv_lora_rank is not None and cfg.qk_rope_head_dim is not None  # checked by AttentionConfig
             per_token = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * dtype_bytes  # one latent + one rotary key
