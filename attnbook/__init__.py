@@ -17,8 +17,8 @@ below, or a subpackage's ``__init__`` for the names it lists):
   LSH, flash and decayed linear attention, the delta rule, and the registry of variants with
   the pairs each one scores and their measured costs), ``latent`` (multi-head
   latent attention, DeepSeek-V2/V3: the latent cache and absorbed decoding),
-  ``configs`` (the attention of six published models' configs, and their KV
-  cache by kind of layer), ``llm_attention`` (the attention layer of today's
+  ``configs`` (the attention of published models' configs, six of 2024-2025 and
+  six of 2026, and their KV cache by kind of layer), ``llm_attention`` (the attention layer of today's
   decoder LLMs with the switches they differ by: QK-norm, learned sinks,
   softmax-plus-one, an output gate, local and global layers; equal to
   Hugging Face's), ``llm_experiments`` (a toy language model trained on a CPU
