@@ -17,6 +17,8 @@ below, or a subpackage's ``__init__`` for the names it lists):
   LSH, flash and decayed linear attention, the delta rule, and the registry of variants with
   the pairs each one scores and their measured costs), ``latent`` (multi-head
   latent attention, DeepSeek-V2/V3: the latent cache and absorbed decoding),
+  ``sparse_attention`` (DeepSeek Sparse Attention, DeepSeek-V3.2: the lightning
+  indexer and top-k selection on top of MLA; equal to Hugging Face's),
   ``configs`` (the attention of published models' configs, six of 2024-2025 and
   six of 2026, and their KV cache by kind of layer), ``llm_attention`` (the attention layer of today's
   decoder LLMs with the switches they differ by: QK-norm, learned sinks,
@@ -70,6 +72,7 @@ Dimension legend, one meaning per letter in every module:
     C    number of classes of an image classifier
     M    the state (memory) of linear attention and the delta rule: a (D, Dv) matrix per head, M_t after position t
     Np, Nq  stored (key, value) pairs and queries of an associative-recall sequence;  Nm  models trained side by side
+    Hi, Di  heads and head width of a lightning indexer (DeepSeek Sparse Attention);  k  keys each query selects (top-k)
 """
 
 from typing import Any
@@ -124,7 +127,7 @@ __all__ = [
 # `attnbook.explorers.saturation_explorer()` works after a plain `import attnbook`.
 _LAZY = {"core", "mha", "positional", "kvcache", "layers", "efficient", "tasks", "train", "pretrained", "measure",
          "plotting", "exercises", "explorers", "testing", "vision", "latent",
-         "configs", "llm_attention", "llm_experiments", "recall"}
+         "configs", "llm_attention", "llm_experiments", "recall", "sparse_attention"}
 
 
 def __getattr__(name: str) -> Any:
