@@ -30,7 +30,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 A2 = ROOT / "chapters" / "A2_conventions.ipynb"
 CHAPTERS = [A2, *(ROOT / "chapters" / f"{name}.ipynb" for name in
-                   ("10_real_model", "12_todays_models", "13_serving_and_memory"))]
+                   ("10_real_model", "12_todays_models", "13_serving_and_memory", "14_models_2026"))]
 EXPECT_COLAB = os.environ.get("ATTNBOOK_EXPECT_COLAB") == "1"
 # printed by a cell the test puts first: what the kernel really imported
 PROBE = ("import sys, ipywidgets, transformers\n"

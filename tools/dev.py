@@ -6,7 +6,7 @@
     python3 tools/dev.py test                  # install what is needed, run every check (what CI runs)
     python3 tools/dev.py test --fast           # ruff, mypy and the unit tests, without the slow and browser ones
     python3 tools/dev.py test -- -k masks      # everything after -- goes to pytest
-    python3 tools/dev.py transformers-legs     # chapters A2, 10, 12, 13 under older transformers (4.57, 5.23)
+    python3 tools/dev.py transformers-legs     # chapters A2, 10, 12, 13, 14 under older transformers (4.57, 5.23)
     python3 tools/dev.py nbval [--perturb P] [chapters ...]
                                                # nbval strict over chapters, in the normal numerical environment
                                                # or a perturbed one (P: mkl, aten, threads, avx2, combined, all)
@@ -119,7 +119,7 @@ def ensure_old_transformers(version: str) -> Path | None:
 
 COLAB_STUB = ROOT / ".venv-colab-stub"
 # The chapters that call transformers, run top to bottom under each older version (tests/test_hf_versions.py).
-LEG_CHAPTERS = "A2, 10, 12 and 13"
+LEG_CHAPTERS = "A2, 10, 12, 13 and 14"
 
 
 def ensure_colab_stub() -> Path:
@@ -132,7 +132,7 @@ def ensure_colab_stub() -> Path:
 
 
 def old_transformers_legs(env: dict) -> None:
-    """Chapters A2, 10, 12 and 13 executed top to bottom under each older transformers (tests/test_hf_versions.py).
+    """Chapters A2, 10, 12, 13 and 14 executed top to bottom under each older transformers (tests/test_hf_versions.py).
     The 4.57 leg is Colab's versions: transformers 4.57, ipywidgets 7.7.1 and `google.colab` imported."""
     for version in OLD_TRANSFORMERS:
         folder = ensure_old_transformers(version)
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="run the perturbed nbval legs once per perturbation instead of combined and avx2")
     t.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: passed to pytest")
     t.set_defaults(func=test)
-    sub.add_parser("transformers-legs", help="chapters A2, 10, 12 and 13 executed under older transformers").set_defaults(
+    sub.add_parser("transformers-legs", help="chapters A2, 10, 12, 13 and 14 executed under older transformers").set_defaults(
         func=transformers_legs)
     n = sub.add_parser("nbval", help="nbval strict over chapters, optionally perturbed")
     n.add_argument("--perturb", choices=[*PERTURBATIONS, "combined", "all"],
