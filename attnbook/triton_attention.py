@@ -8,7 +8,7 @@ Dimension legend:
     S  key/value length (source)
     D  head dimension (queries and keys), Dv value head dimension
     W  sliding-window half-width (``window``)
-    Bm, Bn  queries and keys of one tile (``block_m``, ``block_n``; chapter 8 calls them Bq and Bk)
+    Bq, Bk  queries and keys of one tile (``block_m``, ``block_n``)
     Dp, Dvp D and Dv rounded up to a power of two (a Triton block's sides must be powers of two)
 
 :func:`triton_attention` takes q ``(B, H, T, D)``, k ``(B, H, S, D)``, v ``(B, H, S, Dv)``, an optional
@@ -38,8 +38,11 @@ reads and writes in slow memory from the tile sizes, and :func:`explicit_bytes` 
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import math
 import os
+import sys
 from typing import Any
 
 import torch
@@ -47,10 +50,10 @@ import torch
 from ._checks import check_bool, check_int, shape_str
 from .core import check_mask, check_qkv, check_scale
 
-try:  # the kernels' bodies read `tl` when they are built, never when this module is imported
-    import triton.language as tl
-except ImportError:  # pragma: no cover (Triton is in requirements.txt; a learner may not have it)
-    tl = None
+# triton.language, bound by _import_triton() when a kernel first runs: the kernels' bodies read this global
+# then, never when this module is imported (so it imports without Triton, and Triton is imported only after
+# the reader chose the interpreter or the compiler)
+tl: Any = None
 
 __all__ = [
     "triton_attention",
@@ -82,7 +85,7 @@ _TINY = torch.finfo(torch.float32).tiny
 
 def triton_available() -> bool:
     """Whether ``import triton`` works here."""
-    return tl is not None
+    return importlib.util.find_spec("triton") is not None
 
 
 def interpreter_enabled() -> bool:
@@ -103,20 +106,22 @@ def _forward_kernel(
     sob: Any, soh: Any, sot: Any, sod: Any,
     H: Any, T: Any, S: Any, D: Any, Dv: Any, W: Any,
     HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    LOWEST: tl.constexpr, TINY: tl.constexpr,
+    UPCAST: tl.constexpr, LOWEST: tl.constexpr, TINY: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ) -> None:
     start = tl.program_id(0) * BLOCK_M  # this program's first query
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
-    offs_m = start + tl.arange(0, BLOCK_M)  # (Bm,) query positions
+    offs_m = start + tl.arange(0, BLOCK_M)  # (Bq,) query positions
     offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     row_ok = offs_m < T
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
-                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (Bm, Dp) loaded once
-    m_i = tl.full([BLOCK_M], LOWEST, tl.float32)  # (Bm,) running max (base 2)
-    l_i = tl.zeros([BLOCK_M], tl.float32)  # (Bm,) running sum of exp2
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)  # (Bm, Dvp) unnormalised output
+                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (Bq, Dp) loaded once
+    if UPCAST:  # the interpreter's tl.dot multiplies bfloat16's bit patterns: give it float32
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_M], LOWEST, tl.float32)  # (Bq,) running max (base 2)
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # (Bq,) running sum of exp2
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)  # (Bq, Dvp) unnormalised output
     # the key tiles that can hold an allowed pair: [lo, hi)
     lo = 0
     hi = S
@@ -126,14 +131,16 @@ def _forward_kernel(
         lo = tl.maximum(0, start - W) // BLOCK_N * BLOCK_N  # a tile boundary at or before the first key
         hi = tl.minimum(hi, start + BLOCK_M + W)
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)  # (Bn,) key positions
+        offs_n = start_n + tl.arange(0, BLOCK_N)  # (Bk,) key positions
         col_ok = offs_n < S
         kt = tl.load(K + b * skb + h * skh + offs_n[None, :] * sks + offs_d[:, None] * skd,
-                     mask=col_ok[None, :] & (offs_d[:, None] < D), other=0.0)  # (Dp, Bn) the tile, transposed
+                     mask=col_ok[None, :] & (offs_d[:, None] < D), other=0.0)  # (Dp, Bk) the tile, transposed
         v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svs + offs_dv[None, :] * svd,
-                    mask=col_ok[:, None] & (offs_dv[None, :] < Dv), other=0.0)  # (Bn, Dvp)
-        s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale  # (Bm, Bn) scores in base 2
-        allowed = row_ok[:, None] & col_ok[None, :]  # (Bm, Bn) inside the tensors
+                    mask=col_ok[:, None] & (offs_dv[None, :] < Dv), other=0.0)  # (Bk, Dvp)
+        if UPCAST:
+            kt, v = kt.to(tl.float32), v.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale  # (Bq, Bk) scores in base 2
+        allowed = row_ok[:, None] & col_ok[None, :]  # (Bq, Bk) inside the tensors
         if CAUSAL:
             allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
         if WINDOW:
@@ -144,9 +151,9 @@ def _forward_kernel(
                          mask=row_ok[:, None] & col_ok[None, :], other=0)
             allowed = allowed & (mk != 0)
         s = tl.where(allowed, s, LOWEST)
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # (Bm,)
-        p = tl.where(allowed, tl.exp2(s - m_new[:, None]), 0.0)  # (Bm, Bn) blocked: exactly 0
-        alpha = tl.exp2(m_i - m_new)  # (Bm,) rescales what was summed against the old max
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # (Bq,)
+        p = tl.where(allowed, tl.exp2(s - m_new[:, None]), 0.0)  # (Bq, Bk) blocked: exactly 0
+        alpha = tl.exp2(m_i - m_new)  # (Bq,) rescales what was summed against the old max
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -163,7 +170,7 @@ def _dkdv_kernel(
     svb: Any, svh: Any, svs: Any, svd: Any, smb: Any, smh: Any, smt: Any, sms: Any,
     H: Any, T: Any, S: Any, D: Any, Dv: Any, W: Any,
     HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    LOWEST: tl.constexpr,
+    UPCAST: tl.constexpr, LOWEST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ) -> None:
     start_n = tl.program_id(0) * BLOCK_N  # this program's first key
@@ -173,9 +180,11 @@ def _dkdv_kernel(
     offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     col_ok = offs_n < S
     k = tl.load(K + b * skb + h * skh + offs_n[:, None] * sks + offs_d[None, :] * skd,
-                mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (Bn, Dp)
+                mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (Bk, Dp)
     v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svs + offs_dv[None, :] * svd,
-                mask=col_ok[:, None] & (offs_dv[None, :] < Dv), other=0.0)  # (Bn, Dvp)
+                mask=col_ok[:, None] & (offs_dv[None, :] < Dv), other=0.0)  # (Bk, Dvp)
+    if UPCAST:
+        k, v = k.to(tl.float32), v.to(tl.float32)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     # the query tiles that can see this key tile: [lo, hi)
@@ -190,12 +199,14 @@ def _dkdv_kernel(
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < T
         q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
-                    mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (Bm, Dp)
+                    mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (Bq, Dp)
         do = tl.load(DO + bh * T * Dv + offs_m[:, None] * Dv + offs_dv[None, :],
-                     mask=row_ok[:, None] & (offs_dv[None, :] < Dv), other=0.0)  # (Bm, Dvp) contiguous
-        lse = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0)  # (Bm,)
-        delta = tl.load(DELTA + bh * T + offs_m, mask=row_ok, other=0.0)  # (Bm,)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (Bm, Bn) recomputed
+                     mask=row_ok[:, None] & (offs_dv[None, :] < Dv), other=0.0)  # (Bq, Dvp) contiguous
+        lse = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0)  # (Bq,)
+        delta = tl.load(DELTA + bh * T + offs_m, mask=row_ok, other=0.0)  # (Bq,)
+        if UPCAST:
+            q, do = q.to(tl.float32), do.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (Bq, Bk) recomputed
         allowed = row_ok[:, None] & col_ok[None, :]
         if CAUSAL:
             allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
@@ -206,10 +217,10 @@ def _dkdv_kernel(
             mk = tl.load(M + b * smb + h * smh + offs_m[:, None] * smt + offs_n[None, :] * sms,
                          mask=row_ok[:, None] & col_ok[None, :], other=0)
             allowed = allowed & (mk != 0)
-        p = tl.where(allowed, tl.exp2(tl.where(allowed, s, LOWEST) - lse[:, None]), 0.0)  # (Bm, Bn) final weights
+        p = tl.where(allowed, tl.exp2(tl.where(allowed, s, LOWEST) - lse[:, None]), 0.0)  # (Bq, Bk) final weights
         dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=DOT_PRECISION)  # dV += P^T dO
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # (Bm, Bn) dP = dO V^T
-        ds = p * (dp - delta[:, None])  # (Bm, Bn) dS = P * (dP - D)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # (Bq, Bk) dP = dO V^T
+        ds = p * (dp - delta[:, None])  # (Bq, Bk) dS = P * (dP - D)
         dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=DOT_PRECISION)  # dK += dS^T Q
     tl.store(DK + bh * S * D + offs_n[:, None] * D + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
              mask=col_ok[:, None] & (offs_d[None, :] < D))
@@ -223,7 +234,7 @@ def _dq_kernel(
     svb: Any, svh: Any, svs: Any, svd: Any, smb: Any, smh: Any, smt: Any, sms: Any,
     H: Any, T: Any, S: Any, D: Any, Dv: Any, W: Any,
     HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    LOWEST: tl.constexpr,
+    UPCAST: tl.constexpr, LOWEST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ) -> None:
     start = tl.program_id(0) * BLOCK_M
@@ -233,11 +244,13 @@ def _dq_kernel(
     offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     row_ok = offs_m < T
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
-                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (Bm, Dp)
+                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (Bq, Dp)
     do = tl.load(DO + bh * T * Dv + offs_m[:, None] * Dv + offs_dv[None, :],
-                 mask=row_ok[:, None] & (offs_dv[None, :] < Dv), other=0.0)  # (Bm, Dvp)
+                 mask=row_ok[:, None] & (offs_dv[None, :] < Dv), other=0.0)  # (Bq, Dvp)
     lse = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + bh * T + offs_m, mask=row_ok, other=0.0)
+    if UPCAST:
+        q, do = q.to(tl.float32), do.to(tl.float32)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     lo = 0
     hi = S
@@ -250,10 +263,12 @@ def _dq_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_ok = offs_n < S
         k = tl.load(K + b * skb + h * skh + offs_n[:, None] * sks + offs_d[None, :] * skd,
-                    mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (Bn, Dp)
+                    mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (Bk, Dp)
         v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svs + offs_dv[None, :] * svd,
-                    mask=col_ok[:, None] & (offs_dv[None, :] < Dv), other=0.0)  # (Bn, Dvp)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (Bm, Bn)
+                    mask=col_ok[:, None] & (offs_dv[None, :] < Dv), other=0.0)  # (Bk, Dvp)
+        if UPCAST:
+            k, v = k.to(tl.float32), v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (Bq, Bk)
         allowed = row_ok[:, None] & col_ok[None, :]
         if CAUSAL:
             allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
@@ -272,24 +287,38 @@ def _dq_kernel(
              mask=row_ok[:, None] & (offs_d[None, :] < D))
 
 
+def _import_triton(interpret: bool) -> Any:
+    """``triton``, imported for the interpreter or the compiler. Triton builds its own library functions
+    (``tl.zeros``, ``tl.sum``, ...) when it is imported, for the mode ``TRITON_INTERPRET`` names then; when
+    something imported it earlier for the compiler (``transformers`` and ``torch`` do), it is imported again
+    for the interpreter (its compiled extension, ``triton._C``, is kept)."""
+    global tl
+    if not triton_available():
+        raise ImportError(f"attnbook.triton_attention needs Triton: {INSTALL} (Linux; on a CPU also set "
+                          "TRITON_INTERPRET=1 before the first kernel runs)")
+    lang = importlib.import_module("triton.language")
+    if interpret and type(lang.zeros).__name__ != "InterpretedFunction":
+        for name in [n for n in sys.modules if n.split(".")[0] == "triton" and not n.startswith("triton._C")]:
+            del sys.modules[name]
+        lang = importlib.import_module("triton.language")
+    tl = lang
+    return importlib.import_module("triton")
+
+
 @functools.cache
 def _jitted(interpret: bool) -> tuple[Any, Any, Any]:
     """The three kernels, jitted for the interpreter or for the compiler (Triton decides at jit time)."""
-    if tl is None:
-        raise ImportError(f"attnbook.triton_attention needs Triton: {INSTALL} (Linux; on a CPU also set "
-                          "TRITON_INTERPRET=1 before the first kernel runs)")
-    import triton
-
+    triton = _import_triton(interpret)
     return triton.jit(_forward_kernel), triton.jit(_dkdv_kernel), triton.jit(_dq_kernel)
 
 
 def _kernels(device: torch.device) -> tuple[Any, Any, Any]:
     interpret = interpreter_enabled()
-    if tl is not None and device.type == "cpu" and not interpret:
+    if device.type == "cpu" and not interpret:
         raise RuntimeError("CPU tensors need Triton's interpreter: set the environment variable "
                            "TRITON_INTERPRET=1 before the first kernel runs (os.environ['TRITON_INTERPRET'] = '1'), "
                            "or pass CUDA tensors")
-    if tl is not None and device.type != "cpu" and interpret:
+    if device.type != "cpu" and interpret:
         raise RuntimeError(f"TRITON_INTERPRET=1 runs the kernels on CPU tensors; these are on {device}")
     return _jitted(interpret)
 
@@ -346,6 +375,7 @@ def _common(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     m, mstrides = _mask_args(mask, B, H, T, S)
     args: list[Any] = [*q.stride(), *k.stride(), *v.stride(), *mstrides]
     const = dict(HAS_MASK=m is not None, CAUSAL=causal, WINDOW=window is not None, DOT_PRECISION=_dot_precision(q.dtype),
+                 UPCAST=q.dtype == torch.bfloat16 and interpreter_enabled(),
                  LOWEST=_LOWEST, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_power_of_two(D), BLOCK_DV=_power_of_two(Dv))
     const["_mask"] = m if m is not None else q  # a pointer the kernel never reads when HAS_MASK is False
     const["_sizes"] = [H, T, S, D, Dv, 0 if window is None else window]
