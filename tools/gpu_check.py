@@ -257,17 +257,18 @@ def triton_kernel(dev):
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
     for a, b in zip(torch.autograd.grad(ours, (q, k, v), dout), torch.autograd.grad(ref, (q, k, v), dout)):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-    for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
+    for dtype, tol in ((torch.float16, 1e-2), (torch.bfloat16, 5e-2)):  # check_attention's bounds; inputs rounded
         low = ta(*(t.detach().to(dtype) for t in (q, k, v)), causal=True)
         err = (low.float() - F.scaled_dot_product_attention(q, k, v, is_causal=True)).abs().max().item()
         assert low.dtype == dtype and err < tol, (dtype, err)
-    qc, kc, vc = (torch.randn(4, 16, n, 64, generator=g).to(dev, torch.float16) for _ in range(3))
+    Bc, Hc = (4, 16) if dev == "cuda" else (1, 2)  # the interpreter: seconds per call
+    qc, kc, vc = (torch.randn(Bc, Hc, n, 64, generator=g).to(dev, torch.float16) for _ in range(3))
     calls = {"triton": lambda: ta(qc, kc, vc, causal=True, block_m=128 if dev == "cuda" else 32, block_n=64),
              "sdpa": lambda: F.scaled_dot_product_attention(qc, kc, vc, is_causal=True)}
     times = attnbook.measure.time_calls(calls, rounds=10 if dev == "cuda" else 1, device=dev)
     err = (calls["triton"]() - calls["sdpa"]()).abs().max().item()
-    assert err < 2e-3, err
-    print(f"    causal float16 (4, 16, {n}, 64): Triton {times['triton'] * 1e3:.3f} ms, SDPA {times['sdpa'] * 1e3:.3f} ms, "
+    assert err < 1e-2, err
+    print(f"    causal float16 ({Bc}, {Hc}, {n}, 64): Triton {times['triton'] * 1e3:.3f} ms, SDPA {times['sdpa'] * 1e3:.3f} ms, "
           f"ratio {times['triton'] / times['sdpa']:.2f}x, max |diff| {err:.1e}")
 
 
