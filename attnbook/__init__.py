@@ -18,7 +18,9 @@ below, or a subpackage's ``__init__`` for the names it lists):
   the pairs each one scores and their measured costs), ``latent`` (multi-head
   latent attention, DeepSeek-V2/V3: the latent cache and absorbed decoding),
   ``sparse_attention`` (DeepSeek Sparse Attention, DeepSeek-V3.2: the lightning
-  indexer and top-k selection on top of MLA; equal to Hugging Face's),
+  indexer and top-k selection on top of MLA; equal to Hugging Face's), ``triton_attention``
+  (FlashAttention-2's forward and backward kernels in Triton, run by Triton's interpreter on a CPU or
+  compiled on a GPU, and the bytes they move; imports Triton only when a kernel runs),
   ``configs`` (the attention of published models' configs, six of 2024-2025 and
   six of 2026, and their KV cache by kind of layer), ``llm_attention`` (the attention layer of today's
   decoder LLMs with the switches they differ by: QK-norm, learned sinks,
@@ -67,6 +69,7 @@ Dimension legend, one meaning per letter in every module:
     Cs   chunk length (chunked linear attention, Reformer);  nc  number of chunks
     Gb   query blocks of sliding-window attention computed together;  Kb  key blocks a BigBird query block reads
     Bq, Bk  queries and keys of one flash-attention tile;  BH  batch and heads merged (B * H)
+    Dp, Dvp  D and Dv rounded up to a power of two (the sides of a Triton block)
     P    side of a downsampled picture of the (T, S) pairs
     Ih, Iw  image height and width in pixels;  p  patch side;  Th, Tw  rows and columns of the patch grid
     C    number of classes of an image classifier

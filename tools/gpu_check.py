@@ -1,5 +1,5 @@
 """One short script for a machine with a GPU: the attention functions, flash
-attention's backward pass, both KV caches, the measuring helpers and the
+attention's backward pass, the Triton kernel (chapter 16), both KV caches, the measuring helpers and the
 explorers on CUDA (or another device), checked against PyTorch and the CPU.
 
     .venv/bin/python tools/gpu_check.py            # cuda (fails if there is none)
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import attnbook  # noqa: E402
+import attnbook.triton_attention  # noqa: E402  (imports Triton only when a kernel runs)
 from attnbook import (  # noqa: E402
     KVCache,
     MultiHeadAttention,
@@ -233,6 +234,42 @@ def explorers_on_the_device(dev):
                     a, b = torch.as_tensor(on_dev[key]), torch.as_tensor(on_cpu[key])
                     torch.testing.assert_close(a.double(), b.double(), atol=1e-3, rtol=1e-3)
         print(f"    {factory.__name__}: slowest update on {dev} {max(times) * 1e3:.0f} ms")
+
+
+@check
+def triton_kernel(dev):
+    """attnbook.triton_attention compiled on the device (under Triton's interpreter for --device cpu): values and
+    gradients against SDPA with masks, float16/bfloat16, then its time against SDPA's fused kernel."""
+    import os
+
+    if not attnbook.triton_attention.triton_available():
+        raise RuntimeError(f"Triton is not installed: {attnbook.triton_attention.INSTALL}")
+    if dev == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are first built
+    ta = attnbook.triton_attention.triton_attention
+    T, S, n = (200, 150, 1024) if dev == "cuda" else (70, 45, 128)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, m, 64, generator=g).to(dev).requires_grad_() for m in (T, S, S))
+    mask = (causal_mask(T, S) & padding_mask([S, S // 2])).to(dev)  # (2, 1, T, S)
+    dout = torch.randn(2, 4, T, 64, generator=g).to(dev)
+    ours = ta(q, k, v, mask)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    for a, b in zip(torch.autograd.grad(ours, (q, k, v), dout), torch.autograd.grad(ref, (q, k, v), dout)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    for dtype, tol in ((torch.float16, 1e-2), (torch.bfloat16, 5e-2)):  # check_attention's bounds; inputs rounded
+        low = ta(*(t.detach().to(dtype) for t in (q, k, v)), causal=True)
+        err = (low.float() - F.scaled_dot_product_attention(q, k, v, is_causal=True)).abs().max().item()
+        assert low.dtype == dtype and err < tol, (dtype, err)
+    Bc, Hc = (4, 16) if dev == "cuda" else (1, 2)  # the interpreter: seconds per call
+    qc, kc, vc = (torch.randn(Bc, Hc, n, 64, generator=g).to(dev, torch.float16) for _ in range(3))
+    calls = {"triton": lambda: ta(qc, kc, vc, causal=True, block_m=128 if dev == "cuda" else 32, block_n=64),
+             "sdpa": lambda: F.scaled_dot_product_attention(qc, kc, vc, is_causal=True)}
+    times = attnbook.measure.time_calls(calls, rounds=10 if dev == "cuda" else 1, device=dev)
+    err = (calls["triton"]() - calls["sdpa"]()).abs().max().item()
+    assert err < 1e-2, err
+    print(f"    causal float16 ({Bc}, {Hc}, {n}, 64): Triton {times['triton'] * 1e3:.3f} ms, SDPA {times['sdpa'] * 1e3:.3f} ms, "
+          f"ratio {times['triton'] / times['sdpa']:.2f}x, max |diff| {err:.1e}")
 
 
 def main():
