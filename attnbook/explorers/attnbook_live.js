@@ -29,7 +29,9 @@
     if (!runtime) {
       runtime = loadScript(base + 'ort.wasm.min.js').then(function () {
         var ort = window.ort;
-        ort.env.wasm.wasmPaths = base;  // the book's own copy: ort-wasm-simd-threaded.{mjs,wasm}
+        // the book's own copy, ort-wasm-simd-threaded.{mjs,wasm}: an absolute URL, as the runtime resolves a
+        // relative one against its own script's address, not the page's
+        ort.env.wasm.wasmPaths = new URL(base, location.href).href;
         ort.env.wasm.numThreads = 1;  // no cross-origin isolation on a static site: one thread
         ort.env.wasm.proxy = false;
         return ort;
