@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from attnbook import scaled_dot_product_attention
+from attnbook import causal_mask, padding_mask, scaled_dot_product_attention, sliding_window_mask
 from attnbook.explorers import masks_explorer
 from attnbook.explorers.live import LIVE, MASKS_T_MAX, export_live, masks_frame, masks_inputs
 from attnbook.explorers.masks import MASK_KINDS, PADDED, WINDOWED
-from attnbook.masks import causal_mask, combine_masks, padding_mask, sliding_window_mask
+from attnbook.masks import combine_masks
 
 
 def _reference_mask(kind: str, T: int, window: int, length: int) -> torch.Tensor:

@@ -8,6 +8,7 @@ page requests exactly what it requests without the switch (nothing of the live l
 phone width and with a graph missing from the site the scrubber stays and one line says why.
 Screenshots go to _build/screenshots/live-*.png.
 """
+# ruff: noqa: F811  (the fixtures imported below are the test functions' arguments)
 
 import itertools
 import random
@@ -18,7 +19,10 @@ import pytest
 from attnbook.explorers import masks_explorer
 from attnbook.explorers.live import LIVE, MASKS_T_MAX, masks_frame
 from attnbook.explorers.masks import MASK_KINDS, PADDED, WINDOWED
-from tests.test_browser import CHROMIUM_ARGS, EDITIONS, HTML, SHOTS, _prefix, book, browser, page  # noqa: F401
+
+# test_browser's fixtures (the local server, Chromium, a page whose requests that leave the host are blocked and
+# whose errors are collected), used here by their names
+from tests.test_browser import EDITIONS, HTML, SHOTS, _prefix, book, browser, page  # noqa: F401
 
 pytestmark = pytest.mark.browser
 
