@@ -16,6 +16,13 @@
   Book's "Search this book..." placeholder, replaced by Sphinx's own translated "Search". The book's title, a
   configuration value, comes from ``attnbook_titles`` in ``_config.yml``.
 * **No translation dropped in silence** (``ApplyEveryTranslation``): see there.
+* **Live explorers.** An explorer's scrubber whose title :data:`attnbook.explorers.live.LIVE` lists gets a
+  "live" switch under its title (``_live_switches``), in the page's language (:data:`LIVE_STRINGS`). The switch
+  is inline HTML and an ``onchange`` attribute: nothing is loaded until a reader turns it on; then it loads
+  ``_static/live/attnbook_live.js`` from the root of the HTML folder, the one copy both editions share
+  (``tools/live_assets.py`` puts the runtime, the graphs and that script there when the book is built). From
+  ``file://``, where Chromium refuses to load WebAssembly modules, the switch says how to serve the folder
+  instead, and the scrubber stays.
 """
 
 from __future__ import annotations
@@ -90,6 +97,75 @@ def _page_context(app: Sphinx, pagename: str, templatename: str, context: dict[s
         links.append({"href": f"{up}{folder}{pagename}{app.builder.link_suffix}", "name": name, "title": title,
                       "tag": language.replace("_", "-")})
     context["attnbook_languages"] = links
+
+
+# The live switch's words in each edition (the messages attnbook_live.js shows are its data-msg-* attributes)
+LIVE_STRINGS = {
+    "en": {"label": "live", "title": "compute this explorer in the page, for any value in range",
+           "off": "", "loading": "loading the runtime and the graph…",
+           "on": "live: computed in this page by the package's exported graph",
+           "file": "live needs the book served over http: python3 -m http.server -d _build/html, then open "
+                   "http://localhost:8000/",
+           "missing": "live is unavailable: a file of the live layer is missing from the site",
+           "nowasm": "live is unavailable: this browser has no WebAssembly",
+           "failed": "live stopped: the graph failed to run"},
+    "zh_CN": {"label": "实时计算", "title": "在页面中计算这个探索器，取值范围内任意取值",
+              "off": "", "loading": "正在加载运行时和计算图…",
+              "on": "实时计算：由本包导出的计算图在本页面中计算",
+              "file": "实时计算需要通过 http 访问本书：运行 python3 -m http.server -d _build/html，再打开 "
+                      "http://localhost:8000/",
+              "missing": "无法实时计算：网站缺少实时计算层的一个文件",
+              "nowasm": "无法实时计算：此浏览器不支持 WebAssembly",
+              "failed": "实时计算已停止：计算图运行失败"},
+}
+# what the switch runs: from file:// only the note; else attnbook_live.js, loaded once, then its toggle
+LIVE_ONCHANGE = (
+    "var b=this.closest('.ab-live'),c=this,n=b.querySelector('.ab-live-note');"
+    "if(window.attnbookLive&&window.attnbookLive.toggle){window.attnbookLive.toggle(b,c.checked);return;}"
+    "if(location.protocol==='file:'){n.textContent=b.dataset.msgFile;c.checked=false;return;}"
+    "var s=document.createElement('script');s.src=b.dataset.base+'attnbook_live.js';"
+    "s.onload=function(){window.attnbookLive.toggle(b,c.checked);};"
+    "s.onerror=function(){n.textContent=b.dataset.msgMissing+' (attnbook_live.js)';c.checked=false;};"
+    "document.head.appendChild(s);"
+)
+LIVE_SWITCH = ('<div class="ab-live" data-live="{name}" data-base="{base}"{messages} '
+               'style="margin:0 0 4px 0;font-size:90%"><label title="{title}" style="cursor:pointer">'
+               '<input type="checkbox" class="ab-live-switch" onchange="{script}"> {label}</label> '
+               '<span class="ab-live-note" role="status" style="color:#555"></span></div>')
+EXPLORER_OPEN = re.compile(r'(<div class="attnbook-explorer" id="ab-[0-9a-f]+"[^>]*>'
+                           r'<div style="font-weight:bold;margin-bottom:4px">)([^<]*)(</div>)')
+
+
+def live_switch(name: str, base: str, language: str) -> str:
+    """The switch's HTML for live explorer ``name``, whose files are under ``base`` (relative to the page)."""
+    import html
+
+    words = LIVE_STRINGS.get(language, LIVE_STRINGS[ROOT_LANGUAGE])
+    messages = "".join(f' data-msg-{key}="{html.escape(words[key])}"'
+                       for key in ("off", "loading", "on", "file", "missing", "nowasm", "failed"))
+    return LIVE_SWITCH.format(name=html.escape(name), base=html.escape(base), messages=messages,
+                              title=html.escape(words["title"]), label=html.escape(words["label"]),
+                              script=html.escape(LIVE_ONCHANGE))
+
+
+def _live_switches(app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any) -> None:
+    body = context.get("body")
+    if not body or "attnbook-explorer" not in body:
+        return
+    from attnbook.explorers.live import LIVE
+
+    here = _language(app.config)
+    up = "../" * pagename.count("/") + ("" if here == ROOT_LANGUAGE else "../")
+
+    def add(m: re.Match) -> str:
+        import html
+
+        name = LIVE.get(html.unescape(m.group(2)))
+        if name is None:
+            return m.group(0)
+        return m.group(0) + live_switch(name, f"{up}_static/live/", here)
+
+    context["body"] = EXPLORER_OPEN.sub(add, body)
 
 
 def _search_text(app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any) -> None:
@@ -216,5 +292,6 @@ def setup(app: Sphinx) -> dict[str, Any]:
     # after sphinx-book-theme (500) sets its own
     app.connect("html-page-context", _page_context, priority=400)
     app.connect("html-page-context", _search_text, priority=900)
+    app.connect("html-page-context", _live_switches, priority=500)
     app.connect("build-finished", _copy_mathjax)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

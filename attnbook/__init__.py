@@ -44,7 +44,8 @@ below, or a subpackage's ``__init__`` for the names it lists):
   the machinery, and one module per family holding its ``<family>_explorer()``
   factory and the choices it offers: ``saturation``, ``heads``, ``masks``,
   ``positions``, ``trained_heads``, ``variants``, ``kv_heads``, ``minilm``,
-  ``vit``, ``kv_budget``, ``block_mask``);
+  ``vit``, ``kv_budget``, ``block_mask``; ``explorers.live``, the live explorers of
+  the rendered book: the package's computations exported as ONNX graphs);
 * checking anyone's attention: ``testing`` (``testing.check_attention``, an
   invariant battery for any attention function or module);
 * private: ``_checks`` (argument checks: TypeError for a wrong type,

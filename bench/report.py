@@ -208,6 +208,26 @@ def _load_note(run: dict, start: str) -> str:
     return note
 
 
+def live_section(live: dict | None) -> list[str]:
+    """The rendered book's live explorers (``bench/results/live.json``, written by ``bench/bench_live.py``)."""
+    L = ["## Live explorers in the rendered book", ""]
+    if not live:
+        return L + ["No `bench/results/live.json` yet: build the book, then run `.venv/bin/python bench/bench_live.py`.", ""]
+    L.append(
+        f"`bench/bench_live.py` (read from `bench/results/live.json`, headless Chromium on {live.get('cpus', '?')} "
+        f"CPU(s), {live['page']}, the masks explorer): from the live switch to the first live frame with an empty "
+        f"browser cache (cold) and with the cache of a first visit (cached), median of {live['repeat']}; one update "
+        f"(the graph run by onnxruntime-web and the canvas drawn, timed by the page), median of {live['updates']}. "
+        f"The live layer (`_build/html/_static/live/`, shared by both editions) is "
+        f"{live['live_layer_bytes'] / 1e6:.1f} MB on disk.")
+    L.append("")
+    return L + _table(
+        ["what", "median (ms)", "goal (ms)", "/ goal", "result"],
+        [[name, f"{r['median_ms']:.1f}", f"{r['goal_ms']:.0f}", f"{r['ratio_to_goal']:.2f}",
+          "PASS" if r["meets_goal"] else "MISS"] for name, r in live["results"].items()],
+    )
+
+
 def render(eff: dict, data: dict, t_values: list[int], images: list[str], explorers: dict | None,
            tasks: dict | None, meta: dict, flash: dict | None = None, mha: dict | None = None,
            latent: dict | None = None) -> str:
@@ -441,6 +461,7 @@ def render(eff: dict, data: dict, t_values: list[int], images: list[str], explor
         )
     else:
         L += ["No `bench/results/explorers.json` yet: run `.venv/bin/python bench/bench_explorers.py`.", ""]
+    L += live_section(_load("live"))
 
     if tasks:
         L += ["## Toy tasks: training a small Transformer", ""]

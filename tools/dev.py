@@ -1,7 +1,8 @@
 """The README's two commands, and the developer's shortcuts.
 
     python3 tools/dev.py book                  # install what is needed, build the book in English and Chinese,
-                                               # print where each is (_build/html/, _build/html/zh_CN/)
+                                               # print where each is (_build/html/, _build/html/zh_CN/), and
+                                               # put the live explorers' files in _build/html/_static/live/
     python3 tools/dev.py catalogs              # after English prose changed: update the Chinese message catalogs
     python3 tools/dev.py test                  # install what is needed, run every check (what CI runs)
     python3 tools/dev.py test --fast           # ruff, mypy and the unit tests, without the slow and browser ones
@@ -180,6 +181,9 @@ def build_book(strict: bool) -> None:
     """Both editions, side by side: English at _build/html/, Chinese at _build/html/zh_CN/ (tools/editions.py:
     each one what `jupyter-book build --all` builds from _config.yml, the Chinese one with language zh_CN)."""
     run(PY, "tools/editions.py", "html", "all", *(["--strict"] if strict else []))
+    # the live explorers' runtime (npm ci in web/), script and graphs, into _build/html/_static/live/: one copy,
+    # which the Chinese edition's pages link to as well
+    run(PY, "tools/live_assets.py")
 
 
 def book(_args) -> None:

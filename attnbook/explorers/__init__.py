@@ -19,7 +19,8 @@
 Each factory returns an :class:`attnbook.explorers.base.Explorer`: display it (or leave it as a cell's
 last expression) to get the live widget in Jupyter/Colab and the pre-rendered scrubber in the static
 book; call ``.update(...)`` and read ``.data`` / ``.figure`` to use it without a browser.
-:mod:`attnbook.explorers.base` is the machinery they share.
+:mod:`attnbook.explorers.base` is the machinery they share; :mod:`attnbook.explorers.live` makes some of them
+compute in the rendered book (their computations exported as ONNX graphs, run by the page).
 
 Each factory's home is this package: ``from attnbook.explorers import heads_explorer`` (it loads on first
 use, so importing attnbook does not import matplotlib or ipywidgets). A family module holds only its

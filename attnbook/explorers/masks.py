@@ -19,6 +19,7 @@ from ..core import scaled_dot_product_attention
 from ..masks import causal_mask, combine_masks, padding_mask, sliding_window_mask
 from ..plotting import index_ticks
 from .base import Control, Explorer, device_control
+from .live import masks_caption, masks_inputs
 
 __all__ = ["masks_explorer", "MASK_KINDS", "WINDOWED", "PADDED"]
 
@@ -61,9 +62,7 @@ def masks_explorer(seed: int = 0, d_model: int = 16) -> Explorer:
 
     def compute(kind: str, T: int, window: int, length: int, device: str) -> dict:
         mask = _build_mask(kind, T, window, length)  # (T, S)
-        g = torch.Generator().manual_seed(seed)
-        x = torch.randn(T, d_model, generator=g)  # (T, E)
-        wq, wk = (torch.randn(d_model, d_model, generator=g) / d_model**0.5 for _ in range(2))
+        x, wq, wk = masks_inputs(T, seed, d_model)  # (T, E), (E, E), (E, E): what the live page is fed too
         q, k = (x @ wq).to(device), (x @ wk).to(device)  # (T, D) each
         _, w = scaled_dot_product_attention(q, k, k, mask.to(device))  # (T, S)
         w = w.cpu()
@@ -96,12 +95,7 @@ def masks_explorer(seed: int = 0, d_model: int = 16) -> Explorer:
         art["title"].set_text(d["kind"])
 
     def caption(d: dict) -> str:
-        window = f", window = {d['window']}" if d["kind"] in WINDOWED else ""
-        length = f", real length = {d['length']}" if d["kind"] in PADDED else ""
-        empty = d["empty_rows"]
-        return (f"{d['kind']}, T = {d['T']}{window}{length}: {d['allowed']} of {d['T'] ** 2} (query, key) pairs "
-                f"allowed; {empty} query row{'' if empty == 1 else 's'} with no key "
-                "(their weights are all 0, not NaN)")
+        return masks_caption(d)  # the live page's caption too
 
     return Explorer(
         "Masks",
