@@ -32,7 +32,9 @@ below, or a subpackage's ``__init__`` for the names it lists):
   attention rollout, a decoder that spells a digit's name, the drawing
   pad's soft pen; scikit-learn's digits), ``recall`` (associative
   recall: the task, a one-layer model with softmax, linear or delta-rule
-  attention, and its accuracies over seeds);
+  attention, and its accuracies over seeds), ``circuits`` (what trained heads
+  compute: an attention-only transformer, the repeated-sequence task, head
+  scores, ablation, path patching, QK/OV circuits, gradient attribution);
 * around them: ``measure`` (timing, memory, cost curves, kernel dispatch,
   where a number was measured), ``plotting`` (heatmaps, head grids and
   mosaics, log-scale bars), ``exercises`` (self-checking exercises),
@@ -40,7 +42,7 @@ below, or a subpackage's ``__init__`` for the names it lists):
   the machinery, and one module per family holding its ``<family>_explorer()``
   factory and the choices it offers: ``saturation``, ``heads``, ``masks``,
   ``positions``, ``trained_heads``, ``variants``, ``kv_heads``, ``minilm``,
-  ``vit``, ``kv_budget``, ``block_mask``);
+  ``vit``, ``kv_budget``, ``block_mask``, ``induction``);
 * checking anyone's attention: ``testing`` (``testing.check_attention``, an
   invariant battery for any attention function or module);
 * private: ``_checks`` (argument checks: TypeError for a wrong type,
@@ -124,7 +126,7 @@ __all__ = [
 # `attnbook.explorers.saturation_explorer()` works after a plain `import attnbook`.
 _LAZY = {"core", "mha", "positional", "kvcache", "layers", "efficient", "tasks", "train", "pretrained", "measure",
          "plotting", "exercises", "explorers", "testing", "vision", "latent",
-         "configs", "llm_attention", "llm_experiments", "recall"}
+         "configs", "llm_attention", "llm_experiments", "recall", "circuits"}
 
 
 def __getattr__(name: str) -> Any:

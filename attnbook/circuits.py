@@ -21,7 +21,7 @@ Dimension legend:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -396,6 +396,14 @@ class InductionHistory:
     prefix_matching: list[torch.Tensor] = field(default_factory=list)
     copying: list[torch.Tensor] = field(default_factory=list)
     snapshots: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    config: dict[str, int] = field(default_factory=dict)
+
+    def model_at(self, index: int) -> AttentionOnlyTransformer:
+        """The model as it was at ``steps[index]`` (in eval mode)."""
+        check_int("index", index, 0, len(self.steps) - 1)
+        model = AttentionOnlyTransformer(**self.config)
+        model.load_state_dict(self.snapshots[index])
+        return model.eval()
 
     def first_step_below(self, threshold: float) -> int | None:
         """The first recorded step whose repeat loss is under ``threshold`` (None if never)."""
@@ -425,7 +433,8 @@ def train_induction(*, num_layers: int = 2, num_heads: int = 4, d_model: int = 6
     data = {"seq_len": seq_len, "vocab_size": vocab_size, "min_length": min_length, "fixed": fixed}
     eval_batch = repeated_sequences(eval_size, generator=torch.Generator().manual_seed(10_000 + seed), **data)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    hist = InductionHistory()
+    hist = InductionHistory(config={"vocab_size": vocab_size, "seq_len": seq_len, "d_model": d_model,
+                                    "num_heads": num_heads, "num_layers": num_layers})
 
     def record(step: int) -> None:
         model.eval()
