@@ -105,12 +105,18 @@ class AttentionOnlyTransformer(nn.Module):
         T = tokens.shape[1]
         return self.embed(tokens) + self.pos.weight[:T]  # (B, T, E)
 
+    def block(self, layer: int) -> MultiHeadAttention:
+        """Layer ``layer``'s attention (counted from 0)."""
+        mha = self.attn[layer]
+        assert isinstance(mha, MultiHeadAttention)
+        return mha
+
     def head_outputs(self, layer: int, x: torch.Tensor, *, key: torch.Tensor | None = None,
                      query: torch.Tensor | None = None, value: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer``'s per-head outputs z (B, H, T, D) and weights (B, H, T, T) for residual stream x
         (B, T, E); ``key``/``query``/``value`` replace x as that projection's input."""
-        mha = self.attn[layer]
+        mha = self.block(layer)
         q, k, v = mha.project(x if query is None else query, x if key is None else key,
                               x if value is None else value)  # (B, H, T, D) each
         T = x.shape[1]
@@ -119,12 +125,12 @@ class AttentionOnlyTransformer(nn.Module):
 
     def write(self, layer: int, z: torch.Tensor) -> torch.Tensor:
         """What heads z (B, H, T, D) add to the residual stream: W_O applied to the merged heads, (B, T, E)."""
-        return self.attn[layer].out_proj(merge_heads(z))
+        return self.block(layer).out_proj(merge_heads(z))
 
     def head_writes(self, layer: int, z: torch.Tensor) -> torch.Tensor:
         """Each head's own contribution to the residual stream, (B, H, T, E); they sum to :meth:`write`."""
         H, D = self.num_heads, z.shape[-1]
-        W_O = self.attn[layer].out_proj.weight.view(self.d_model, H, D)  # (E, H, D)
+        W_O = self.block(layer).out_proj.weight.view(self.d_model, H, D)  # (E, H, D)
         return torch.einsum("bhtd,ehd->bhte", z, W_O)  # (B, H, T, E)
 
     def forward(self, tokens: torch.Tensor, ablate: Ablation | None = None,
@@ -317,7 +323,7 @@ def composition_patching(model: AttentionOnlyTransformer, batch: RepeatBatch, ot
 def _head_weights(model: AttentionOnlyTransformer, head: Head) -> tuple[torch.Tensor, ...]:
     _check_head(model, head)
     layer, h = head
-    mha = model.attn[layer]
+    mha = model.block(layer)
     D = mha.head_dim
     rows = slice(h * D, (h + 1) * D)
     return (mha.q_proj.weight[rows], mha.k_proj.weight[rows], mha.v_proj.weight[rows],  # (D, E) each
@@ -430,8 +436,10 @@ def train_induction(*, num_layers: int = 2, num_heads: int = 4, d_model: int = 6
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = AttentionOnlyTransformer(vocab_size, seq_len, d_model, num_heads, num_layers)
-    data = {"seq_len": seq_len, "vocab_size": vocab_size, "min_length": min_length, "fixed": fixed}
-    eval_batch = repeated_sequences(eval_size, generator=torch.Generator().manual_seed(10_000 + seed), **data)
+    def data(n: int, generator: torch.Generator) -> RepeatBatch:
+        return repeated_sequences(n, seq_len, vocab_size, min_length=min_length, fixed=fixed, generator=generator)
+
+    eval_batch = data(eval_size, torch.Generator().manual_seed(10_000 + seed))
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     hist = InductionHistory(config={"vocab_size": vocab_size, "seq_len": seq_len, "d_model": d_model,
                                     "num_heads": num_heads, "num_layers": num_layers})
@@ -453,7 +461,7 @@ def train_induction(*, num_layers: int = 2, num_heads: int = 4, d_model: int = 6
             record(step)
         if step == steps:
             break
-        batch = repeated_sequences(batch_size, generator=g, **data)
+        batch = data(batch_size, g)
         logits, _ = model(batch.tokens, ablate=ablate)
         loss = F.cross_entropy(logits[:, :-1].reshape(-1, vocab_size), batch.tokens[:, 1:].reshape(-1))
         opt.zero_grad()
