@@ -36,7 +36,9 @@ below, or a subpackage's ``__init__`` for the names it lists):
   attention rollout, a decoder that spells a digit's name, the drawing
   pad's soft pen; scikit-learn's digits), ``recall`` (associative
   recall: the task, a one-layer model with softmax, linear or delta-rule
-  attention, and its accuracies over seeds);
+  attention, and its accuracies over seeds), ``circuits`` (what trained heads
+  compute: an attention-only transformer, the repeated-sequence task, head
+  scores, ablation, path patching, QK/OV circuits, gradient attribution);
 * around them: ``measure`` (timing, memory, cost curves, kernel dispatch,
   where a number was measured), ``plotting`` (heatmaps, head grids and
   mosaics, log-scale bars), ``exercises`` (self-checking exercises),
@@ -44,7 +46,7 @@ below, or a subpackage's ``__init__`` for the names it lists):
   the machinery, and one module per family holding its ``<family>_explorer()``
   factory and the choices it offers: ``saturation``, ``heads``, ``masks``,
   ``positions``, ``trained_heads``, ``variants``, ``kv_heads``, ``minilm``,
-  ``vit``, ``kv_budget``, ``block_mask``; ``explorers.live``, the live explorers of
+  ``vit``, ``kv_budget``, ``block_mask``, ``induction``; ``explorers.live``, the live explorers of
   the rendered book: the package's computations exported as ONNX graphs);
 * checking anyone's attention: ``testing`` (``testing.check_attention``, an
   invariant battery for any attention function or module);
@@ -131,7 +133,7 @@ __all__ = [
 # `attnbook.explorers.saturation_explorer()` works after a plain `import attnbook`.
 _LAZY = {"core", "mha", "positional", "kvcache", "layers", "efficient", "tasks", "train", "pretrained", "measure",
          "plotting", "exercises", "explorers", "testing", "vision", "latent",
-         "configs", "llm_attention", "llm_experiments", "recall", "sparse_attention"}
+         "configs", "llm_attention", "llm_experiments", "recall", "sparse_attention", "circuits"}
 
 
 def __getattr__(name: str) -> Any:

@@ -13,6 +13,8 @@
   sequence, split by kind of layer (chapter 12);
 * ``block_mask.block_mask_explorer()``: a mask program and a length -> the dense mask and the tiles a
   FlexAttention block mask computes in full, in part or skips (chapter 13);
+* ``induction.induction_explorer(history, batch)``: training step, layer, head -> an attention-only model's
+  head on a repeated sequence as an induction head forms (chapter 15);
 * ``vit.vit_explorer(model, images, labels)``: digit, layer, head, raw or rollout -> what a trained Vision
   Transformer's [CLS] token looks at (chapter 11).
 
@@ -45,11 +47,12 @@ __all__ = [
     "vit_explorer",
     "kv_budget_explorer",
     "block_mask_explorer",
+    "induction_explorer",
     "FACTORIES",
 ]
 
 _FAMILIES = ("saturation", "heads", "masks", "positions", "trained_heads", "variants", "kv_heads", "minilm", "vit",
-             "kv_budget", "block_mask")
+             "kv_budget", "block_mask", "induction")
 FACTORIES = {f"{family}_explorer": family for family in _FAMILIES}
 """Each factory's name -> the module of its family (``attnbook.explorers.<family>``)."""
 
