@@ -31,6 +31,9 @@ position gets beta = 0: it reads the state without writing into it first. For ``
 passes a short causal depthwise convolution (kernel :data:`CONV_SIZE`, as Zoology's and Qwen3-Next's layers),
 so that a value token's key can be formed from the key token before it; ``"pairs"`` needs none.
 
+:func:`least_squares_recall` is the reference no training can miss by chance: each head's D x D memory solved
+by least squares from the sequence's pairs (random unit key codes), read out as the models read theirs.
+
 :func:`recall_curves` trains Nm seeds of one configuration at once and returns their held-out accuracy at
 chosen steps. Training them together is the same as training each alone (separate parameters, a summed loss,
 Adam per element), only with fewer, larger tensor operations.
@@ -50,7 +53,8 @@ from .core import scaled_dot_product_attention
 from .efficient import delta_rule_attention, l2norm, linear_attention
 
 __all__ = ["KEYS", "VALUES", "HEAD_DIM", "NUM_HEADS", "BATCH", "LR", "EVAL_SIZE", "CONV_SIZE", "RECALL_KINDS",
-           "RECALL_TASKS", "pairs_batch", "mqar_batch", "RecallModels", "train_recall", "recall_curves"]
+           "RECALL_TASKS", "pairs_batch", "mqar_batch", "RecallModels", "train_recall", "recall_curves",
+           "least_squares_recall"]
 
 KEYS = 128
 """Key symbols; a sequence's keys are distinct, so it stores at most this many pairs."""
@@ -319,3 +323,33 @@ def recall_curves(
     finally:
         torch.set_num_threads(before)
     return {step: dict(zip(seeds, accs)) for step, accs in curve.items()}
+
+
+def least_squares_recall(num_pairs: int, head_dim: int = HEAD_DIM, num_heads: int = NUM_HEADS, *,
+                         eval_size: int = EVAL_SIZE, seed: int = 0) -> float:
+    """Held-out accuracy of a *solved* linear memory on the ``"pairs"`` task: the reference for what a
+    fixed-size state of ``num_heads`` heads of ``head_dim`` can hold, with no training in the way.
+
+    Every key symbol gets one random unit code per head (``(KEYS, H, D)``, normal then l2-normalised, from
+    ``seed``); a value is one-hot over :data:`VALUES`. For each held-out sequence (the same ones
+    :func:`train_recall` scores) each head's memory is the least-squares solution of ``K_h M_h = Y`` over the
+    sequence's ``num_pairs`` pairs (``K_h`` (Np, D) the stored keys' codes, ``Y`` (Np, VALUES) their values;
+    the minimum-norm exact solution while Np <= D), the state a delta rule run to convergence on those pairs
+    reaches. The query reads ``sum_h q_h^T M_h`` and predicts its largest entry. With Np <= D every pair is
+    kept exactly (accuracy 1); past D the pairs interfere and the accuracy falls. A reference, not a bound:
+    a trained model chooses its codes and its readout."""
+    N = check_int("num_pairs", num_pairs, 1, KEYS)
+    D, H = check_int("head_dim", head_dim), check_int("num_heads", num_heads)
+    check_int("eval_size", eval_size)
+    gen = torch.Generator().manual_seed(check_int("seed", seed, 0))
+    codes = F.normalize(torch.randn(KEYS, H, D, generator=gen, dtype=torch.float64), dim=-1)  # (KEYS, H, D)
+    keys, values, query, target = pairs_batch(eval_size, N, torch.Generator().manual_seed(_EVAL_SEED))
+    K = codes[keys].permute(0, 2, 1, 3)  # (B, H, Np, D) the stored keys' codes, per head
+    Y = F.one_hot(values, VALUES).to(torch.float64)[:, None].expand(-1, H, -1, -1)  # (B, H, Np, VALUES)
+    Kt = K.transpose(-2, -1)  # (B, H, D, Np)
+    if N > D:  # more pairs than dimensions: the least-squares fit (K^T K) M = K^T Y
+        M = torch.linalg.solve(Kt @ K, Kt @ Y)  # (B, H, D, VALUES) each head's memory
+    else:  # as many or fewer: the exact fit of least norm, M = K^T (K K^T)^-1 Y
+        M = Kt @ torch.linalg.solve(K @ Kt, Y)  # (B, H, D, VALUES)
+    read = (codes[query][:, :, None, :] @ M).sum(dim=1)[:, 0]  # (B, VALUES) summed over the heads
+    return (read.argmax(dim=-1) == target).double().mean().item()

@@ -5,15 +5,19 @@ held-out accuracy (1,000 sequences) at several steps, so the chapter can show ac
 where it stopped improving. Three groups, in this order:
 
 * ``curves``: the pre-paired single-query task (chapter 11's) at N = 16 and 64 pairs, 2 heads of D = 16, the
-  four kinds (and at N = 16 the delta rule whose query does not write, ``query_writes=False``), 1,600 steps;
-* ``mqar``: Zoology's multi-query task, N = 16 pairs and 8 queries, the same five models, 800 steps;
+  four kinds (and at N = 16 the delta rule whose query does not write, ``query_writes=False``), 4,800 steps
+  (softmax, at 1.000 well before, 1,600);
+* ``mqar``: Zoology's multi-query task, N = 16 pairs and 8 queries, the same five models, 1,600 steps
+  (softmax 800);
 * ``sizes``: the additive control and the delta rule at N = 4 and 16 and head dims 8, 16, 32 (2 heads, a
   D x D state each), 800 steps (N = 16 at D = 16 is the ``curves`` run, read at step 800).
 
     .venv/bin/python bench/bench_recall.py              # everything, two worker processes (about an hour on a busy 2-core CPU)
     .venv/bin/python bench/bench_recall.py --only curves --jobs 1
+    .venv/bin/python bench/bench_recall.py --only curves --num-pairs 64 --kind linear,delta   # some again
 
-Writes ``bench/results/recall.json`` after each configuration (a partial sweep is kept): ``{"runs": [{"group",
+Writes ``bench/results/recall.json`` after each configuration (a partial sweep is kept; a run restricted by
+``--only``, ``--num-pairs`` or ``--kind`` replaces only the configurations it ran and keeps the file's others): ``{"runs": [{"group",
 "task", "kind", "query_writes", "num_pairs", "num_queries", "head_dim", "steps", "curve": {step: {seed: acc}},
 "seconds"}, ...]}`` plus where it ran. One torch thread per worker: the same rounding as the chapter's live
 runs, which retrain a few of these configurations and compare.
@@ -33,6 +37,7 @@ NAME = "recall"  # bench/results/recall.json
 SEEDS = (0, 1, 2)
 EVAL_SIZE = 1000
 LONG = (0, 100, 200, 400, 800, 1200, 1600)  # eval steps of the 1,600-step runs
+LONGER = LONG + (2400, 3200, 4000, 4800)  # of the 4,800-step runs (the fixed-size states)
 SHORT = (0, 200, 400, 800)  # of the 800-step runs
 
 
@@ -42,11 +47,13 @@ def configs() -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for n in (16, 64):
         for kind, writes in five if n == 16 else five[:4]:
+            at = LONG if kind == "softmax" else LONGER  # softmax is at 1.000 long before 1,600 steps
             out.append({"group": "curves", "task": "pairs", "kind": kind, "query_writes": writes, "num_pairs": n,
-                        "num_queries": 1, "head_dim": 16, "steps": LONG[-1], "eval_at": LONG})
+                        "num_queries": 1, "head_dim": 16, "steps": at[-1], "eval_at": at})
     for kind, writes in five:
+        at = SHORT if kind == "softmax" else LONG
         out.append({"group": "mqar", "task": "mqar", "kind": kind, "query_writes": writes, "num_pairs": 16,
-                    "num_queries": 8, "head_dim": 16, "steps": SHORT[-1], "eval_at": SHORT})
+                    "num_queries": 8, "head_dim": 16, "steps": at[-1], "eval_at": at})
     for n in (4, 16):
         for d in (8, 16, 32):
             if d == 16 and n != 4:
@@ -55,6 +62,11 @@ def configs() -> list[dict[str, Any]]:
                 out.append({"group": "sizes", "task": "pairs", "kind": kind, "query_writes": True, "num_pairs": n,
                             "num_queries": 1, "head_dim": d, "steps": SHORT[-1], "eval_at": SHORT})
     return out
+
+
+def _key(cfg: dict[str, Any]) -> tuple[Any, ...]:
+    """What tells one configuration from another (the steps are not part of it: a longer run replaces)."""
+    return tuple(cfg[k] for k in ("group", "task", "kind", "query_writes", "num_pairs", "num_queries", "head_dim"))
 
 
 def run_one(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -77,11 +89,23 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--only", choices=("curves", "mqar", "sizes"), help="run one group")
     ap.add_argument("--out", help="write the results here instead of bench/results/recall.json")
+    ap.add_argument("--num-pairs", type=int, help="run only the configurations with this many pairs")
+    ap.add_argument("--kind", help="run only the configurations of these kinds of attention (comma-separated)")
     common.add_no_save_option(ap, NAME)
     args = ap.parse_args()
-    todo = [c for c in configs() if args.only is None or c["group"] == args.only]
+    todo = [c for c in configs() if (args.only is None or c["group"] == args.only)
+            and (args.num_pairs is None or c["num_pairs"] == args.num_pairs)
+            and (args.kind is None or c["kind"] in args.kind.split(","))]
+    if not todo:
+        raise SystemExit("no configuration matches --only/--num-pairs/--kind")
+    kept: list[dict[str, Any]] = []
+    path = Path(args.out) if args.out else common.results_path(NAME)
+    if len(todo) < len(configs()) and path.exists():  # a partial rerun keeps the file's other configurations
+        import json
+        ran = {_key(c) for c in todo}
+        kept = [r for r in json.loads(path.read_text())["runs"] if _key(r) not in ran]
     payload: dict[str, Any] = {"seeds": list(SEEDS), "eval_size": EVAL_SIZE, "batch_size": 64, "lr": 3e-3,
-                               "load_average": common.load_average(), **common.run_info(), "runs": []}
+                               "load_average": common.load_average(), **common.run_info(), "runs": list(kept)}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(run_one, c) for c in todo]
         for fut in as_completed(futures):

@@ -15,10 +15,12 @@ import torch.nn.functional as F
 from attnbook import scaled_dot_product_attention
 from attnbook.efficient import delta_rule_attention, l2norm, linear_attention_recurrent
 from attnbook.recall import (
+    _EVAL_SEED,  # the held-out sequences' seed: the reference below scores the same ones
     KEYS,
     RECALL_KINDS,
     VALUES,
     RecallModels,
+    least_squares_recall,
     mqar_batch,
     pairs_batch,
     recall_curves,
@@ -246,3 +248,50 @@ def test_recall_curves_keys_threads_and_global_generator():
     assert torch.equal(torch.rand(3), expected_next)  # the caller's generator was left alone
     with pytest.raises(ValueError, match="threads"):
         recall_curves("delta", 3, 1, threads=0)
+
+
+def _least_squares_one_by_one(num_pairs, head_dim, num_heads, eval_size, seed):
+    """The solved memory again, sequence by sequence and head by head, through numpy's own least squares."""
+    import numpy as np
+
+    gen = torch.Generator().manual_seed(seed)
+    codes = F.normalize(torch.randn(KEYS, num_heads, head_dim, generator=gen, dtype=torch.float64), dim=-1).numpy()
+    keys, values, query, target = pairs_batch(eval_size, num_pairs, torch.Generator().manual_seed(_EVAL_SEED))
+    hits = 0
+    for b in range(eval_size):
+        y = np.eye(VALUES)[values[b].numpy()]  # (Np, VALUES)
+        read = np.zeros(VALUES)
+        for h in range(num_heads):
+            k = codes[keys[b].numpy(), h]  # (Np, D)
+            m = np.linalg.lstsq(k, y, rcond=None)[0]  # (D, VALUES): least squares, least norm when Np <= D
+            read += codes[int(query[b]), h] @ m
+        hits += int(read.argmax() == int(target[b]))
+    return hits / eval_size
+
+
+@pytest.mark.parametrize("num_pairs, head_dim, num_heads", [(5, 8, 1), (8, 8, 2), (24, 8, 2), (40, 16, 2), (64, 16, 1)])
+def test_least_squares_recall_is_the_solved_memory(num_pairs, head_dim, num_heads):
+    got = least_squares_recall(num_pairs, head_dim, num_heads, eval_size=200, seed=3)
+    assert got == pytest.approx(_least_squares_one_by_one(num_pairs, head_dim, num_heads, 200, 3), abs=1e-12)
+
+
+def test_least_squares_recall_keeps_what_fits_and_loses_past_it():
+    for n, d in [(4, 8), (8, 8), (16, 16), (16, 32)]:  # no more pairs than dimensions: every pair kept exactly
+        assert least_squares_recall(n, d, eval_size=300) == 1.0
+    falling = [least_squares_recall(n, 8, eval_size=300) for n in (8, 16, 32, 64)]
+    assert falling[0] == 1.0 and all(a > b for a, b in zip(falling, falling[1:])), falling
+    assert falling[-1] > 1 / VALUES  # still above chance
+    assert least_squares_recall(32, 8, 2, eval_size=300) > least_squares_recall(32, 8, 1, eval_size=300)  # heads add
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"num_pairs": 0}, ValueError, "num_pairs"),
+    ({"num_pairs": KEYS + 1}, ValueError, "num_pairs"),
+    ({"num_pairs": 4, "head_dim": 2.0}, TypeError, "head_dim"),
+    ({"num_pairs": 4, "num_heads": 0}, ValueError, "num_heads"),
+    ({"num_pairs": 4, "eval_size": 0}, ValueError, "eval_size"),
+    ({"num_pairs": 4, "seed": -1}, ValueError, "seed"),
+])
+def test_least_squares_recall_bad_input(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        least_squares_recall(**kwargs)
