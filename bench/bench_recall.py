@@ -10,7 +10,7 @@ where it stopped improving. Three groups, in this order:
 * ``mqar``: Zoology's multi-query task, N = 16 pairs and 8 queries, the same five models, 1,600 steps
   (softmax 800);
 * ``sizes``: the additive control and the delta rule at N = 4 and 16 and head dims 8, 16, 32 (2 heads, a
-  D x D state each), 800 steps (N = 16 at D = 16 is the ``curves`` run, read at step 800).
+  D x D state each), 1,600 steps (N = 16 at D = 16 is the ``curves`` run, read at step 1,600).
 
     .venv/bin/python bench/bench_recall.py              # everything, two worker processes (about an hour on a busy 2-core CPU)
     .venv/bin/python bench/bench_recall.py --only curves --jobs 1
@@ -38,7 +38,7 @@ SEEDS = (0, 1, 2)
 EVAL_SIZE = 1000
 LONG = (0, 100, 200, 400, 800, 1200, 1600)  # eval steps of the 1,600-step runs
 LONGER = LONG + (2400, 3200, 4000, 4800)  # of the 4,800-step runs (the fixed-size states)
-SHORT = (0, 200, 400, 800)  # of the 800-step runs
+SHORT = (0, 200, 400, 800)  # of the 800-step runs (softmax's MQAR)
 
 
 def configs() -> list[dict[str, Any]]:
@@ -60,7 +60,7 @@ def configs() -> list[dict[str, Any]]:
                 continue  # in "curves"
             for kind in ("additive", "delta"):
                 out.append({"group": "sizes", "task": "pairs", "kind": kind, "query_writes": True, "num_pairs": n,
-                            "num_queries": 1, "head_dim": d, "steps": SHORT[-1], "eval_at": SHORT})
+                            "num_queries": 1, "head_dim": d, "steps": LONG[-1], "eval_at": LONG})
     return out
 
 
