@@ -16,9 +16,13 @@ The arithmetic, step by step (DeepSeek-AI, "DeepSeek-V2", 2024, section 2.1; the
 
 1. **Compression.** Each token's input x (E) goes down to a latent ``c_kv = RMSNorm(W_DKV x)`` of only Dc
    numbers, and every head's key and value come back *up* from it: ``k_nope_h = W_UK_h c_kv`` (Dn) and
-   ``v_h = W_UV_h c_kv`` (Dv). ``W_UK`` and ``W_UV`` are the two halves of one matrix, ``kv_b_proj``. The
+   ``v_h = W_UV_h c_kv`` (Dv). ``W_UK`` and ``W_UV`` are stored in one matrix, ``kv_b_proj``
+   (Dc -> H * (Dn + Dv)), but not as two halves: its output rows go head by head, ``[head 0's k_nope (Dn) |
+   head 0's v (Dv) | head 1's k_nope | head 1's v | ...]``, so W_UK_h and W_UV_h are the first Dn and the
+   next Dv rows of head h's block (:meth:`MultiHeadLatentAttention.absorbed_weights` cuts them out). The
    queries may be compressed the same way (``q_lora_rank``; ``None`` = one plain projection, as in
-   DeepSeek-V2-Lite), which saves parameters and activations, not cache.
+   DeepSeek-V2-Lite), which saves parameters and activations, not cache; ``q_proj`` / ``q_b_proj`` rows
+   alternate likewise, head by head ``[q_nope (Dn) | q_rope (Dr)]``.
 2. **Decoupled RoPE.** Position enters through separate, extra features: each head's query has Dr more,
    and the token has one Dr-wide key ``k_rope`` shared by all heads (multi-query style), both rotated by
    :func:`attnbook.positional.apply_rotary`. The score of head h is
@@ -358,13 +362,13 @@ class MultiHeadLatentAttention(nn.Module):
         else:
             self.q_a_proj = nn.Linear(d_model, self.q_lora_rank, bias=attention_bias)  # W_DQ
             self.q_a_layernorm = nn.RMSNorm(self.q_lora_rank, eps=float(rms_norm_eps))
-            self.q_b_proj = nn.Linear(self.q_lora_rank, H * D, bias=False)  # W_UQ and W_QR
+            self.q_b_proj = nn.Linear(self.q_lora_rank, H * D, bias=False)  # W_UQ, W_QR: per head [q_nope | q_rope]
         # keys and values: E -> [c_kv | k_rope], then c_kv -> every head's k_nope and v
         self.kv_a_proj_with_mqa = nn.Linear(d_model, self.kv_lora_rank + self.qk_rope_head_dim,
                                             bias=attention_bias)  # W_DKV and W_KR
         self.kv_a_layernorm = nn.RMSNorm(self.kv_lora_rank, eps=float(rms_norm_eps))
         self.kv_b_proj = nn.Linear(self.kv_lora_rank, H * (self.qk_nope_head_dim + self.v_head_dim),
-                                   bias=False)  # W_UK and W_UV
+                                   bias=False)  # W_UK, W_UV: per head [k_nope | v] rows
         self.o_proj = nn.Linear(H * self.v_head_dim, d_model, bias=attention_bias)  # W_O
 
     def extra_repr(self) -> str:
@@ -554,7 +558,8 @@ class MultiHeadLatentAttention(nn.Module):
         """A copy of a Hugging Face ``transformers`` ``DeepseekV3Attention`` (same weights, device and dtype).
 
         The state dict loads 1:1 (strict: every name and shape must match). RoPE may be plain or scaled
-        (the config's ``rope_parameters``, YaRN as DeepSeek-V3's own, or linear: ``rope_scaling``); another
+        (the config's ``rope_parameters`` in transformers 5.x, ``rope_theta`` and ``rope_scaling`` in 4.x;
+        YaRN as DeepSeek-V3's own, or linear: ``rope_scaling``); another
         ``rope_type`` raises a ``ValueError`` naming it, and so do fewer key/value heads than heads (Hugging
         Face's MLA expands every head).
         Dropout on the weights (``attention_dropout``, training only) is not carried over.
@@ -572,6 +577,9 @@ class MultiHeadLatentAttention(nn.Module):
         if not rope:  # transformers 4.x: rope_theta and rope_scaling side by side
             rope = {**(getattr(config, "rope_scaling", None) or {}), "rope_theta": getattr(config, "rope_theta", 10000.0)}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type == "yarn" and not rope.get("original_max_position_embeddings"):
+            # both versions fall back on max_position_embeddings (4.x when YaRN runs, 5.x when it reads the config)
+            rope["original_max_position_embeddings"] = config.max_position_embeddings
         rope_scaling = None
         if rope_type != "default":
             rope_scaling = {k: v for k, v in rope.items()

@@ -398,7 +398,10 @@ class LLMAttention(nn.Module):
         ``Gemma2Attention`` (read from the module and its ``config``; ``transformers`` itself is not
         imported). RoPE may be plain (``rope_type="default"``), linear or YaRN (``rope_scaling``; for Gemma 3
         the parameters of the layer's own type, :func:`layer_rope_parameters`); another kind raises a
-        ``ValueError`` naming it. Gemma 2 soft-caps its scores (``attn_logit_softcapping``); Gemma 3 replaced that
+        ``ValueError`` naming it. The config may be transformers 5.x's (``rope_parameters``, flat or nested by
+        layer type) or 4.x's (Colab's 4.57: ``rope_theta``, ``rope_scaling``, ``partial_rotary_factor`` and,
+        for Gemma 3's sliding layers, ``rope_local_base_freq`` with plain RoPE), read as
+        :func:`layer_rope_parameters` reads them. Gemma 2 soft-caps its scores (``attn_logit_softcapping``); Gemma 3 replaced that
         with QK-norm, and its attention does not apply the ``attn_logit_softcapping`` its config still has.
 
         Given the same input, RoPE positions and the mask Hugging Face builds for that layer, the output
@@ -410,10 +413,8 @@ class LLMAttention(nn.Module):
         if kind not in _HF_KINDS:
             raise TypeError(f"from_hf takes one of {sorted(_HF_KINDS)}, got {kind}")
         config: Any = hf.config
-        rope = config.rope_parameters
+        rope = _config_rope(config, _hf_layer_type(hf, config))  # this layer's: 5.x's rope_parameters or 4.x's
         offset_norm, softcaps = _HF_KINDS[kind]
-        if kind == "Gemma3Attention":
-            rope = rope[hf.layer_type]  # one RoPE per layer type
         if not getattr(hf, "is_causal", True):
             raise ValueError(f"this {kind} is bidirectional (use_bidirectional_attention=True); LLMAttention is causal")
         rope_scaling = _rope_scaling(rope)
@@ -525,6 +526,70 @@ def layer_masks(
     return [by_type[kind] for kind in types]
 
 
+def _hf_layer_type(hf: Any, config: Any) -> str:
+    """The layer type of a Hugging Face attention module: its ``layer_type`` (5.x), else its config's
+    ``layer_types[layer_idx]`` (4.x), else by its ``sliding_window``."""
+    kind = getattr(hf, "layer_type", None)
+    types, idx = getattr(config, "layer_types", None), getattr(hf, "layer_idx", None)
+    if kind is None and isinstance(types, Sequence) and isinstance(idx, int) and 0 <= idx < len(types):
+        kind = types[idx]
+    if kind is None:
+        kind = "sliding_attention" if getattr(hf, "sliding_window", None) else "full_attention"
+    return str(kind)
+
+
+def _config_rope(config: object, layer_type: str) -> dict[str, Any]:
+    """The RoPE parameters of one layer type of ``config`` (a ``transformers`` config, 5.x or 4.x, or a
+    mapping, its ``config.json``), as one flat dict with at least ``rope_type`` and ``rope_theta``, shaped as
+    transformers 5.x's ``rope_parameters`` (what :func:`attnbook.positional.rope_frequencies` takes).
+
+    5.x: ``rope_parameters``, one flat dict for every layer (whatever its type, ``"linear_attention"``
+    included), or nested by layer type (Gemma 3): the entry of ``layer_type``. 4.x (no ``rope_parameters``):
+    ``rope_scaling`` (or plain RoPE when None) with ``rope_theta`` as the base and the config's
+    ``partial_rotary_factor``; Gemma 3's sliding layers (a config with ``rope_local_base_freq``) use plain
+    RoPE with that base, as its 4.x model's ``rotary_emb_local`` (a copy of the config with
+    ``rope_theta = rope_local_base_freq`` and ``rope_scaling = {"rope_type": "default"}``). In both, YaRN without
+    ``original_max_position_embeddings`` gets ``max_position_embeddings``, as transformers fills it in."""
+    def get(name: str) -> Any:
+        if isinstance(config, Mapping):
+            return config.get(name)
+        return getattr(config, name, None)
+
+    rope = get("rope_parameters")
+    if rope is not None:
+        if not isinstance(rope, Mapping):
+            raise TypeError(f"config's rope_parameters must be a mapping, got {type(rope).__name__}")
+        nested = [kind for kind, value in rope.items() if isinstance(value, Mapping)]
+        if nested:
+            if layer_type not in nested:
+                raise ValueError(f"config's rope_parameters is nested by layer type ({nested}) but has no "
+                                 f"entry for the layer type {layer_type!r} of its layer_types")
+            entry = dict(rope[layer_type])
+        else:
+            entry = dict(rope)
+    else:
+        theta = get("rope_theta")
+        if theta is None:
+            raise ValueError("config has neither rope_parameters nor rope_theta: no RoPE to read")
+        local = get("rope_local_base_freq")
+        if layer_type == "sliding_attention" and local is not None:
+            entry = {"rope_type": "default", "rope_theta": local}  # Gemma 3 4.x: local layers, plain RoPE
+        else:
+            scaling = get("rope_scaling")
+            if scaling is not None and not isinstance(scaling, Mapping):
+                raise TypeError(f"config's rope_scaling must be a mapping or None, got {type(scaling).__name__}")
+            entry = {**(scaling or {}), "rope_theta": theta}
+        partial = get("partial_rotary_factor")  # 4.x keeps it on the config (Qwen3-Next: 0.25)
+        if partial is not None:
+            entry.setdefault("partial_rotary_factor", partial)
+    entry["rope_type"] = entry.pop("rope_type", entry.pop("type", "default"))
+    entry.setdefault("rope_theta", 10000.0)
+    max_positions = get("max_position_embeddings")
+    if entry["rope_type"] == "yarn" and entry.get("original_max_position_embeddings") is None and max_positions:
+        entry["original_max_position_embeddings"] = max_positions
+    return entry
+
+
 def layer_rope_parameters(config: object) -> list[dict[str, Any]]:
     """The RoPE parameters of each of a config's N layers, read from the config itself.
 
@@ -532,48 +597,16 @@ def layer_rope_parameters(config: object) -> list[dict[str, Any]]:
     ``rope_parameters``. Where ``rope_parameters`` is nested by layer type (Gemma 3 in transformers 5.x:
     ``{"sliding_attention": {...}, "full_attention": {...}}``), layer i gets the entry of
     ``layer_types[i]``; where it is one flat dict (gpt-oss), every layer gets it. A config without
-    ``rope_parameters`` (older ``transformers``, or a ``config.json``) is read the older way:
-    ``rope_theta`` and ``rope_scaling`` for the global layers and ``rope_local_base_freq`` (Gemma 3) or
-    ``rope_theta`` for the local ones. Each entry is a new dict with at least ``rope_type`` and
-    ``rope_theta``, as :func:`attnbook.positional.rope_frequencies` takes it (which checks the rest).
+    ``rope_parameters`` (transformers 4.x, or an older ``config.json``) is read the older way:
+    ``rope_theta``, ``rope_scaling`` and ``partial_rotary_factor`` for every layer, except Gemma 3's local
+    ones, which rotate with plain RoPE of base ``rope_local_base_freq``. Each entry is a new dict with at
+    least ``rope_type`` and ``rope_theta``, as :func:`attnbook.positional.rope_frequencies` takes it (which
+    checks the rest); YaRN's ``original_max_position_embeddings`` defaults to ``max_position_embeddings``.
     """
-    def get(name: str) -> Any:
-        if isinstance(config, Mapping):
-            return config.get(name)
-        return getattr(config, name, None)
-
-    types = _check_layer_types(get("layer_types"))
-    rope = get("rope_parameters")
-    by_type: dict[str, dict[str, Any]] = {}
-    if rope is not None:
-        if not isinstance(rope, Mapping):
-            raise TypeError(f"config's rope_parameters must be a mapping, got {type(rope).__name__}")
-        nested = [kind for kind in LAYER_TYPES if kind in rope]
-        for kind in set(types):
-            if nested:
-                if kind not in rope or not isinstance(rope[kind], Mapping):
-                    raise ValueError(f"config's rope_parameters is nested by layer type ({nested}) but has no "
-                                     f"entry for the layer type {kind!r} of its layer_types")
-                by_type[kind] = dict(rope[kind])
-            else:
-                by_type[kind] = dict(rope)
-    else:
-        theta = get("rope_theta")
-        if theta is None:
-            raise ValueError("config has neither rope_parameters nor rope_theta: no RoPE to read")
-        scaling = dict(get("rope_scaling") or {})
-        scaling["rope_type"] = scaling.pop("rope_type", scaling.pop("type", "default"))
-        by_type["full_attention"] = {**scaling, "rope_theta": theta}
-        local = get("rope_local_base_freq")
-        by_type["sliding_attention"] = ({"rope_type": "default", "rope_theta": local} if local is not None
-                                        else dict(by_type["full_attention"]))
-    out = []
-    for kind in types:
-        entry = dict(by_type[kind])
-        entry["rope_type"] = entry.pop("rope_type", entry.pop("type", "default"))
-        entry.setdefault("rope_theta", 10000.0)
-        out.append(entry)
-    return out
+    types = _check_layer_types(config.get("layer_types") if isinstance(config, Mapping)
+                               else getattr(config, "layer_types", None))
+    by_type = {kind: _config_rope(config, kind) for kind in set(types)}
+    return [dict(by_type[kind]) for kind in types]
 
 
 def layer_rope_bases(config: object) -> list[float]:

@@ -1,6 +1,6 @@
-"""Benchmark of multi-head latent attention's two decoding paths (attnbook.latent), measured in one run on the CPU.
+"""Benchmark of multi-head latent attention's three decoding forms (attnbook.latent), measured in one run on the CPU.
 
-    python bench/bench_latent.py            # S = 256, 1024, 4096 (well under a minute)
+    python bench/bench_latent.py            # S = 256, 1024, 4096 (about a minute)
     python bench/bench_latent.py --quick    # S = 64, 256, 1024, a smoke test
     python bench/bench_latent.py --threads 0  # torch's default thread count
 
@@ -13,19 +13,27 @@ qk_rope_head_dim 64, v_head_dim 128), float32, random weights. One decoding step
 ``mla(x_new (1, 1, E), cache=cache, absorb=...)`` over a :class:`attnbook.latent.LatentKVCache` holding S
 tokens, preallocated (``max_len``), so that a step writes one row and copies nothing else; the cache is
 filled with random rows (the content does not change the arithmetic) and rewound with ``truncate(S)`` after
-each step. The two paths:
+each step. The three forms (:data:`attnbook.latent.MLA_FORMS`, counted by :func:`attnbook.latent.mla_step_cost`):
 
-* naive: re-expand the whole cache through ``kv_b_proj`` into per-head keys and values every step,
-  ``S * Dc * H * (Dn + Dv)`` multiply-adds (S = 4096: 8.6e9), then attend;
+* naive (``absorb=False`` over the latent cache; Hugging Face's ``DeepseekV3Attention``): re-expand the whole
+  cache through ``kv_b_proj`` into per-head keys and values every step, ``S * Dc * H * (Dn + Dv)``
+  multiply-adds (S = 4096: 8.6e9), then attend;
+* expanded (a :class:`attnbook.StaticKVCache` of per-head keys and values, preallocated the same way and
+  filled with the expansion of the same random rows; DeepSeek-V3's ``attn_impl="naive"``): expand only the
+  new token and attend over the cached ``H * (Dn + Dr + Dv)`` numbers per token, ``S * H * (D + Dv)``
+  multiply-adds (S = 4096: 2.1e7), reading 5120 numbers per cached token;
 * absorbed: fold W_UK into the query and W_UV into the output, then attend over the ``Dc + Dr`` rows:
-  about ``S * H * (2 Dc + Dr)`` multiply-adds (S = 4096: 7.5e7), plus the projections, which do not grow with S.
+  about ``S * H * (2 Dc + Dr)`` multiply-adds (S = 4096: 7.1e7, more than expanded), plus the projections,
+  which do not grow with S, reading 576 numbers per cached token.
 
-Times are medians of interleaved rounds (both paths at every S once per round, so a load spike on this
+Times are medians of interleaved rounds (the three forms at every S once per round, so a load spike on this
 shared machine hits all alike) after one warm-up call each, under ``torch.no_grad()``
-(``attnbook.measure.time_calls``). Goal: the absorbed step is faster than the naive one at every S (ratio
-naive / absorbed > 1) and at least 10x faster at the largest S. The two paths' outputs are compared too
-(largest difference, float32). Results are printed with PASS/MISS per goal and written to
-bench/results/latent.json with ``attnbook.measure.machine_summary()``; the exit status is 1 when a goal is missed.
+(``attnbook.measure.time_calls``), reported as the ratios naive / absorbed, naive / expanded and
+expanded / absorbed. Goals: the absorbed step is faster than the naive one at every S (naive / absorbed > 1)
+and at least 10x faster at the largest S; the expanded step is faster than the naive one at every S (it
+expands one token, not S). The three outputs are compared with the naive one (largest difference, float32).
+Results are printed with PASS/MISS per goal and written to bench/results/latent.json with
+``attnbook.measure.machine_summary()``; the exit status is 1 when a goal is missed.
 """
 
 from __future__ import annotations
@@ -39,7 +47,8 @@ from typing import Any
 import common  # first: puts the repository root on sys.path
 import torch
 
-from attnbook.latent import LatentKVCache, MultiHeadLatentAttention, mla_cache_elements_per_token
+from attnbook import StaticKVCache
+from attnbook.latent import MLA_FORMS, LatentKVCache, MultiHeadLatentAttention, mla_cache_elements_per_token
 from attnbook.measure import machine_summary, time_calls
 
 NAME = "latent"  # bench/results/latent.json
@@ -50,7 +59,9 @@ S_VALUES = (256, 1024, 4096)
 S_VALUES_QUICK = (64, 256, 1024)
 GOAL_EVERY_S = 1.0  # naive / absorbed > this at every S
 GOAL_LARGEST_S = 10.0  # ... and >= this at the largest S
-PATHS = ("naive", "absorbed")
+GOAL_EXPANDED = 1.0  # naive / expanded > this at every S
+PATHS = MLA_FORMS  # ("naive", "expanded", "absorbed")
+RATIOS = (("naive", "absorbed"), ("naive", "expanded"), ("expanded", "absorbed"))  # time(a) / time(b)
 
 
 def build_layer() -> MultiHeadLatentAttention:
@@ -70,27 +81,45 @@ def filled_cache(mla: MultiHeadLatentAttention, S: int) -> LatentKVCache:
     return cache
 
 
+def filled_expanded_cache(mla: MultiHeadLatentAttention, S: int) -> StaticKVCache:
+    """A preallocated :class:`attnbook.StaticKVCache` for S + 1 tokens holding the same S tokens as
+    :func:`filled_cache`, expanded: keys ``[W_UK c_kv | k_rope] (B, H, S, Dn + Dr)`` and values
+    ``W_UV c_kv (B, H, S, Dv)``, what the expanded form caches."""
+    latent = filled_cache(mla, S)
+    assert latent.c_kv is not None and latent.k_rope is not None
+    B, H = 1, mla.num_heads
+    with torch.no_grad():
+        k_nope, v = mla.expand(latent.c_kv)  # (B, H, S, Dn), (B, H, S, Dv)
+        k = torch.cat([k_nope, latent.k_rope[:, None].expand(B, H, S, mla.qk_rope_head_dim)], dim=-1)  # (B, H, S, D)
+    cache = StaticKVCache(S + 1)
+    cache.append(k, v)
+    return cache
+
+
 def step_calls(mla: MultiHeadLatentAttention, s_values: Sequence[int]
                ) -> tuple[dict[tuple[str, int], Callable[[], torch.Tensor]], dict[int, float]]:
     """``(path, S) -> one decoding step`` (the cache rewound after it), and the largest difference between
-    the two paths' outputs at each S."""
+    each path's output and the naive one at each S (``{path: {S: max |diff|}}``, naive left out)."""
     x = torch.randn(1, 1, mla.d_model, generator=torch.Generator().manual_seed(1))  # (B, T=1, E) the new token
     calls: dict[tuple[str, int], Callable[[], torch.Tensor]] = {}
-    diffs: dict[int, float] = {}
+    diffs: dict[str, dict[int, float]] = {path: {} for path in PATHS if path != "naive"}
     for S in s_values:
-        outs = []
+        outs = {}
         for path in PATHS:
-            cache = filled_cache(mla, S)
+            cache: LatentKVCache | StaticKVCache = (filled_expanded_cache(mla, S) if path == "expanded"
+                                                    else filled_cache(mla, S))
 
-            def step(cache: LatentKVCache = cache, absorb: bool = (path == "absorbed"), S: int = S) -> torch.Tensor:
+            def step(cache: LatentKVCache | StaticKVCache = cache, absorb: bool = (path == "absorbed"),
+                     S: int = S) -> torch.Tensor:
                 out, _ = mla(x, cache=cache, absorb=absorb)  # (B, T=1, E)
                 cache.truncate(S)
                 return out
 
             with torch.no_grad():
-                outs.append(step())
+                outs[path] = step()
             calls[(path, S)] = step
-        diffs[S] = float((outs[0] - outs[1]).abs().max())
+        for path in diffs:
+            diffs[path][S] = float((outs[path] - outs["naive"]).abs().max())
     return calls, diffs
 
 
@@ -115,16 +144,22 @@ def main(argv: list[str] | None = None) -> int:
     calls, diffs = step_calls(mla, s_values)
     times = time_calls(calls, repeats, slow_s=None, reduce="median")
     seconds = {path: {S: times[(path, S)] for S in s_values} for path in PATHS}
-    ratios = {S: seconds["naive"][S] / seconds["absorbed"][S] for S in s_values}
+    ratios = {f"{a}/{b}": {S: seconds[a][S] / seconds[b][S] for S in s_values} for a, b in RATIOS}
 
     print()
-    print(f"{'S':>6}  {'naive ms':>9}  {'absorbed ms':>11}  {'naive / absorbed':>16}  max |diff|")
+    print(f"{'S':>6}  " + "  ".join(f"{path + ' ms':>11}" for path in PATHS) + "  "
+          + "  ".join(f"{name:>17}" for name in ratios) + "  max |diff| vs naive (expanded, absorbed)")
     for S in s_values:
-        print(f"{S:>6}  {seconds['naive'][S] * 1e3:>9.2f}  {seconds['absorbed'][S] * 1e3:>11.2f}  {ratios[S]:>16.1f}  "
-              f"{diffs[S]:.1e}")
+        print(f"{S:>6}  " + "  ".join(f"{seconds[path][S] * 1e3:>11.2f}" for path in PATHS) + "  "
+              + "  ".join(f"{r[S]:>17.1f}" for r in ratios.values()) + "  "
+              + ", ".join(f"{diffs[path][S]:.1e}" for path in diffs))
     s_large = max(s_values)
-    goals = [(f"time(naive) / time(absorbed) at every S = {list(s_values)}", min(ratios.values()), ">", GOAL_EVERY_S),
-             (f"time(naive) / time(absorbed) at S = {s_large}", ratios[s_large], ">=", GOAL_LARGEST_S)]
+    over_absorbed, over_expanded = ratios["naive/absorbed"], ratios["naive/expanded"]
+    goals = [(f"time(naive) / time(absorbed) at every S = {list(s_values)}", min(over_absorbed.values()), ">",
+              GOAL_EVERY_S),
+             (f"time(naive) / time(absorbed) at S = {s_large}", over_absorbed[s_large], ">=", GOAL_LARGEST_S),
+             (f"time(naive) / time(expanded) at every S = {list(s_values)}", min(over_expanded.values()), ">",
+              GOAL_EXPANDED)]
     print()
     results: list[dict[str, Any]] = []
     for name, value, op, target in goals:
@@ -133,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         results.append({"ratio": name, "measured": round(value, 2), "goal": f"{op} {target:g}", "pass": ok})
     elements = mla_cache_elements_per_token({**{k: v for k, v in CONFIG.items() if k != "d_model"},
                                              "num_attention_heads": CONFIG["num_heads"], "num_hidden_layers": 1})
-    print(f"cache per token and layer: {elements['mla']} numbers (MLA) vs {elements['mha_expanded']} for this layer's "
-          f"expanded keys and values ({elements['mha_expanded'] / elements['mla']:.1f}x)")
+    print(f"cache per token and layer: {elements['mla']} numbers (MLA, naive and absorbed) vs {elements['mha_expanded']} "
+          f"for this layer's expanded keys and values ({elements['mha_expanded'] / elements['mla']:.1f}x)")
     end_load = common.load_average()
     print(f"{sum(r['pass'] for r in results)} of {len(results)} goals met in {time.perf_counter() - start:.0f} s; "
           f"load average {load} at the start, {end_load} at the end")
@@ -150,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                 "load_average": load, "load_average_end": end_load,
             },
             "median_seconds": {path: {str(S): round(t, 6) for S, t in series.items()} for path, series in seconds.items()},
-            "ratio_naive_over_absorbed": {str(S): round(r, 3) for S, r in ratios.items()},
-            "max_abs_diff": {str(S): d for S, d in diffs.items()},
+            "ratios": {name: {str(S): round(r, 3) for S, r in series.items()} for name, series in ratios.items()},
+            "max_abs_diff_vs_naive": {path: {str(S): d for S, d in series.items()} for path, series in diffs.items()},
             "cache_elements_per_token": elements,
             "goals": results,
         }

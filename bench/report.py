@@ -208,6 +208,50 @@ def _load_note(run: dict, start: str) -> str:
     return note
 
 
+def latent_section(latent: dict) -> list[str]:
+    """Multi-head latent attention's three decoding forms (``bench/results/latent.json``, written by
+    ``bench/bench_latent.py``): the paragraph, the times and ratios per S, the goals."""
+    lc = latent["config"]
+    layer = lc["layer"]
+    el = latent["cache_elements_per_token"]
+    L = ["## Multi-head latent attention: naive, expanded and absorbed decoding", ""]
+    L.append(
+        f"From `bench/results/latent.json`, **a separate run** of `bench/bench_latent.py`"
+        f"{' --quick' if lc.get('quick') else ''} (on {lc.get('date', '?')}, {_load_note(lc, 'load_average')}; "
+        f"{lc.get('machine_summary', 'machine not recorded')}): one decoding step "
+        "(`attnbook.latent.MultiHeadLatentAttention`, one new token, B=1) over a cache holding S tokens, "
+        "preallocated, in a layer with DeepSeek-V2-Lite's attention sizes "
+        f"(E={layer['d_model']}, {layer['num_heads']} heads, latent Dc={layer['kv_lora_rank']}, per head "
+        f"Dn={layer['qk_nope_head_dim']}, Dr={layer['qk_rope_head_dim']}, Dv={layer['v_head_dim']}), CPU, "
+        f"{lc['dtype']}, {lc['threads']} thread(s), median of {lc['rounds']} interleaved rounds, the three forms "
+        "timed in the same rounds. \"naive\" (a `LatentKVCache`, `absorb=False`, as Hugging Face's "
+        "`DeepseekV3Attention`) re-expands the whole cache through `kv_b_proj` into per-head keys and values "
+        "at every step (S · Dc · H · (Dn + Dv) multiply-adds); \"expanded\" (a `StaticKVCache` of those "
+        "per-head keys and values, DeepSeek-V3's `attn_impl=\"naive\"`) expands only the new token and attends "
+        "over what it caches (S · H · (Dn + Dr + Dv)); \"absorbed\" (a `LatentKVCache`, `absorb=True`) folds "
+        "W_UK into the query and W_UV into the output and attends over the cached rows themselves (about "
+        f"S · H · (2 Dc + Dr), more arithmetic than expanded). The latent cache holds {el['mla']} numbers per "
+        f"token and layer, the expanded one {el['mha_expanded']}."
+    )
+    L.append("")
+    s_values = [str(S) for S in lc["S"]]
+    ms, ratios, diffs = latent["median_seconds"], latent["ratios"], latent["max_abs_diff_vs_naive"]
+    L += _table(
+        ["S", "naive (ms)", "expanded (ms)", "absorbed (ms)", "naive / absorbed", "naive / expanded",
+         "expanded / absorbed", "largest difference from naive (expanded, absorbed)"],
+        [[S, _fmt_ms(ms["naive"][S]), _fmt_ms(ms["expanded"][S]), _fmt_ms(ms["absorbed"][S]),
+          f"{ratios['naive/absorbed'][S]:.1f}", f"{ratios['naive/expanded'][S]:.1f}",
+          f"{ratios['expanded/absorbed'][S]:.1f}", f"{diffs['expanded'][S]:.1e}, {diffs['absorbed'][S]:.1e}"]
+         for S in s_values],
+    )
+    L += ["The goals, from the same run:", ""]
+    L += _table(
+        ["goal", "measured", "target", "result"],
+        [[r["ratio"], f"{r['measured']:.2f}", r["goal"], _pass(r["pass"])] for r in latent["goals"]],
+    )
+    return L
+
+
 def live_section(live: dict | None) -> list[str]:
     """The rendered book's live explorers (``bench/results/live.json``, written by ``bench/bench_live.py``)."""
     L = ["## Live explorers in the rendered book", ""]
@@ -414,37 +458,7 @@ def render(eff: dict, data: dict, t_values: list[int], images: list[str], explor
         )
 
     if latent:
-        lc = latent["config"]
-        layer = lc["layer"]
-        el = latent["cache_elements_per_token"]
-        L += ["## Multi-head latent attention: absorbed against naive decoding", ""]
-        L.append(
-            f"From `bench/results/latent.json`, **a separate run** of `bench/bench_latent.py`"
-            f"{' --quick' if lc.get('quick') else ''} (on {lc.get('date', '?')}, {_load_note(lc, 'load_average')}): "
-            "one decoding step (`attnbook.latent.MultiHeadLatentAttention`, one new token, B=1) over a "
-            f"preallocated `LatentKVCache` holding S tokens, in a layer with DeepSeek-V2-Lite's attention sizes "
-            f"(E={layer['d_model']}, {layer['num_heads']} heads, latent Dc={layer['kv_lora_rank']}, per head "
-            f"Dn={layer['qk_nope_head_dim']}, Dr={layer['qk_rope_head_dim']}, Dv={layer['v_head_dim']}), CPU, "
-            f"{lc['dtype']}, {lc['threads']} thread(s), median of {lc['rounds']} interleaved rounds. \"naive\" "
-            "re-expands the whole cache through `kv_b_proj` into per-head keys and values at every step "
-            "(S · Dc · H · (Dn + Dv) multiply-adds); \"absorbed\" folds W_UK into the query and W_UV into the "
-            "output and attends over the cached rows themselves (about S · H · (2 Dc + Dr)). The cache holds "
-            f"{el['mla']} numbers per token and layer, against {el['mha_expanded']} for this layer's expanded keys "
-            "and values."
-        )
-        L.append("")
-        s_values = [str(S) for S in lc["S"]]
-        L += _table(
-            ["S", "naive (ms)", "absorbed (ms)", "time(naive) / time(absorbed)", "largest difference of the outputs"],
-            [[S, _fmt_ms(latent["median_seconds"]["naive"][S]), _fmt_ms(latent["median_seconds"]["absorbed"][S]),
-              f"{latent['ratio_naive_over_absorbed'][S]:.1f}", f"{latent['max_abs_diff'][S]:.1e}"]
-             for S in s_values],
-        )
-        L += ["The goals, from the same run:", ""]
-        L += _table(
-            ["goal", "measured", "target", "result"],
-            [[r["ratio"], f"{r['measured']:.2f}", r["goal"], _pass(r["pass"])] for r in latent["goals"]],
-        )
+        L += latent_section(latent)
 
     L += ["## Explorers: one update", ""]
     if explorers:

@@ -91,3 +91,14 @@ def fake_efficient_costs(t_values: tuple[int, ...] | list[int], window: int) -> 
     return {cost_key(name, T, window): {"time_s": 1e-5 * (n + 1) * T, "peak_bytes": 2000 * (n + 1) * T}
             for n, name in enumerate(REGISTRY) for T in t_values}
 
+
+
+# ----------------------------------------------------------------------------- tolerances
+
+
+def max_rel_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """``max |actual - expected| / max |expected|``: the largest error relative to the reference's largest
+    entry. A tolerance on it holds for outputs of any size, where an absolute one (``1e-5``) fails correct
+    float32 code as soon as the outputs pass ~100 (one float32 step at 100 is 7.6e-6)."""
+    expected = expected.detach()
+    return float((actual.detach() - expected).abs().max() / expected.abs().max())

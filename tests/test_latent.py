@@ -21,6 +21,7 @@ from attnbook.latent import (
     mla_step_cost,
 )
 from attnbook.measure import tracked_memory
+from tests.helpers import max_rel_diff
 
 E, H, DC, DN, DR, DV = 64, 4, 24, 16, 8, 12  # Dc, Dn, Dv and Dc + Dr != Dn + Dr all differ: a mix-up fails
 SIZES = dict(kv_lora_rank=DC, qk_nope_head_dim=DN, qk_rope_head_dim=DR, v_head_dim=DV)
@@ -54,14 +55,14 @@ def deepseek_v3():
 
 
 def _hf(modeling, q_lora_rank: int | None, rope_interleave: bool = True, rope_parameters: dict | None = None,
-        attention_bias: bool = False):
+        attention_bias: bool = False, max_position_embeddings: int = 128):
     config = modeling.DeepseekV3Config(
         hidden_size=E, num_attention_heads=H, num_key_value_heads=H, q_lora_rank=q_lora_rank, kv_lora_rank=DC,
         qk_nope_head_dim=DN, qk_rope_head_dim=DR, v_head_dim=DV, rope_interleave=rope_interleave,
         attention_bias=attention_bias,
         rope_parameters=rope_parameters or {"rope_type": "default", "rope_theta": 10000.0},
         num_hidden_layers=1, vocab_size=32, intermediate_size=32, moe_intermediate_size=16, n_routed_experts=4,
-        max_position_embeddings=128,
+        max_position_embeddings=max_position_embeddings,
     )
     config._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -79,13 +80,15 @@ def _additive(mask: torch.Tensor, B: int) -> torch.Tensor:
     return bias[None, None].expand(B, 1, *mask.shape)
 
 
-@pytest.mark.parametrize("q_lora_rank, rope_interleave, bias", [(None, True, False), (24, True, False), (24, False, True)])
-def test_prefill_equals_hugging_face_deepseek_v3(deepseek_v3, q_lora_rank, rope_interleave, bias):
+@pytest.mark.parametrize("q_lora_rank, rope_interleave, bias, scale", [(None, True, False, 1.0), (24, True, False, 1.0),
+                                                                     (24, False, True, 1.0), (24, True, False, 1e3)])
+def test_prefill_equals_hugging_face_deepseek_v3(deepseek_v3, q_lora_rank, rope_interleave, bias, scale):
     attn, rotary = _hf(deepseek_v3, q_lora_rank, rope_interleave, attention_bias=bias)
-    if bias:
-        with torch.no_grad():  # biases start at zero-ish: make them count
+    with torch.no_grad():
+        if bias:  # biases start at zero-ish: make them count
             for lin in (attn.q_a_proj, attn.kv_a_proj_with_mqa, attn.o_proj):
                 lin.bias.uniform_(-0.5, 0.5)
+        attn.o_proj.weight.mul_(scale)  # scale > 1: large outputs
     mla = MultiHeadLatentAttention.from_hf(attn)
     assert (mla.q_proj is None) == (q_lora_rank is not None) and (mla.o_proj.bias is not None) == bias
     B, T = 2, 20
@@ -96,9 +99,11 @@ def test_prefill_equals_hugging_face_deepseek_v3(deepseek_v3, q_lora_rank, rope_
         ref, ref_w = attn(x, rotary(x, position_ids), _additive(mask, B))
         for absorb in (False, True):
             out, w = mla(x, mask=mask, absorb=absorb, need_weights=True)
-            torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
-            torch.testing.assert_close(w, ref_w, atol=1e-5, rtol=0)
+            assert max_rel_diff(out, ref) < 1e-5  # relative to the output's size
+            assert max_rel_diff(w, ref_w) < 1e-5
     assert ref.abs().max() > 0.1  # a real output, not one that any zero would match
+    if scale > 1:  # one float32 step of the largest output exceeds 1e-5: an absolute 1e-5 would fail this
+        assert float(ref.abs().max()) * torch.finfo(torch.float32).eps > 1e-5
 
 
 def test_per_sequence_positions_equal_hugging_face(deepseek_v3):
@@ -113,9 +118,9 @@ def test_per_sequence_positions_equal_hugging_face(deepseek_v3):
         ref, _ = attn(x, rotary(x, position_ids), _additive(mask, B))
         out, _ = mla(x, position_ids, mask)
         shifted, _ = mla(x, mask=mask)  # both at 0 .. T-1: the first is the same (RoPE is relative), the second not
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
-    torch.testing.assert_close(shifted[0], ref[0], atol=1e-5, rtol=0)
-    assert (shifted[1, 9:] - ref[1, 9:]).abs().max() > 1e-3
+    assert max_rel_diff(out, ref) < 1e-5
+    assert max_rel_diff(shifted[0], ref[0]) < 1e-5
+    assert max_rel_diff(shifted[1, 9:], ref[1, 9:]) > 1e-3
 
 
 def test_from_hf_refuses_other_modules_and_unknown_rope_types(deepseek_v3):
@@ -125,6 +130,80 @@ def test_from_hf_refuses_other_modules_and_unknown_rope_types(deepseek_v3):
     attn, _ = _hf(deepseek_v3, None, rope_parameters=dynamic)
     with pytest.raises(ValueError, match=r"rope_type'\] = 'dynamic' is not supported; attnbook knows default, linear, yarn"):
         MultiHeadLatentAttention.from_hf(attn)
+
+
+# transformers 4.57's DeepseekV3Config (Colab's) has no rope_parameters: rope_theta and rope_scaling side by side,
+# rope_scaling as DeepSeek-V3's config.json writes it ("type": "yarn"; 4.57 copies it to "rope_type").
+_V3_YARN_4X = {"type": "yarn", "rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+               "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+V4_CASES = {  # name: (the 5.x rope_parameters, the 4.x rope_theta and rope_scaling, max_position_embeddings)
+    "default": ({"rope_type": "default", "rope_theta": 10000.0}, {"rope_theta": 10000.0, "rope_scaling": None}, 128),
+    "deepseek-v3 yarn": ({"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+                          "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+                          "mscale": 1.0, "mscale_all_dim": 1.0},
+                         {"rope_theta": 10000.0, "rope_scaling": _V3_YARN_4X}, 163840),
+    "yarn, original length from max_position_embeddings": (
+        {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0},
+        {"rope_theta": 10000.0, "rope_scaling": {"type": "yarn", "factor": 4.0}}, 512),
+    "linear": ({"rope_type": "linear", "rope_theta": 500.0, "factor": 8.0},
+               {"rope_theta": 500.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}, 128),
+}
+_V4_COPIED = ("hidden_size", "num_attention_heads", "num_key_value_heads", "q_lora_rank", "kv_lora_rank",
+              "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave", "attention_bias",
+              "max_position_embeddings")
+
+
+@pytest.mark.parametrize("name", list(V4_CASES))
+def test_from_hf_reads_a_transformers_4x_config(deepseek_v3, name):
+    import copy
+    import types
+
+    rope_5x, rope_4x, max_positions = V4_CASES[name]
+    attn, rotary = _hf(deepseek_v3, 24, rope_parameters=dict(rope_5x), max_position_embeddings=max_positions)
+    legacy = copy.copy(attn)  # the same weights, reading a 4.57-shaped config
+    legacy.config = types.SimpleNamespace(**{k: getattr(attn.config, k) for k in _V4_COPIED},
+                                          **copy.deepcopy(rope_4x))
+    new, old = MultiHeadLatentAttention.from_hf(attn), MultiHeadLatentAttention.from_hf(legacy)
+    assert torch.equal(old.rope_inv_freq, new.rope_inv_freq)
+    assert (old.rope_attention_factor, old.scaling, old.rope_base) == (new.rope_attention_factor, new.scaling,
+                                                                       new.rope_base)
+    assert old.rope_scaling == new.rope_scaling
+    assert (old.rope_scaling or {}).get("rope_type", "default") == rope_5x["rope_type"]
+    if "original length" in name:
+        assert old.rope_scaling is not None and old.rope_scaling["original_max_position_embeddings"] == 512
+    if name == "deepseek-v3 yarn":
+        assert old.scaling > 1.8 * old.qk_head_dim ** -0.5  # mscale^2 = 1.874 carried into the softmax scale
+    B, T = 2, 12
+    x = _x(B, T, E, seed=7)
+    position_ids = torch.arange(T)[None].expand(B, T) + 3000  # where the scaled frequencies matter
+    mask = causal_mask(T)
+    with torch.no_grad():
+        ref, _ = attn(x, rotary(x, position_ids), _additive(mask, B))
+        out, _ = old(x, position_ids, mask)
+    assert max_rel_diff(out, ref) < 2e-5  # float32 at positions ~3000 (measured: 2e-6 at most)
+
+
+def test_kv_b_proj_rows_go_head_by_head():
+    """kv_b_proj's output rows are [head 0's k_nope | head 0's v | head 1's k_nope | ...], not two halves; the
+    query's rows [head 0's q_nope | head 0's q_rope | ...] likewise."""
+    mla = _mla(24)
+    w = mla.kv_b_proj.weight  # (H * (Dn + Dv), Dc)
+    w_uk, w_uv = mla.absorbed_weights()  # (H, Dn, Dc), (H, Dv, Dc)
+    for h in range(H):
+        start = h * (DN + DV)
+        assert torch.equal(w_uk[h], w[start : start + DN]) and torch.equal(w_uv[h], w[start + DN : start + DN + DV])
+    assert not torch.equal(w_uk.reshape(H * DN, DC), w[: H * DN])  # the first "half" is not W_UK
+    c = _x(1, 5, DC, seed=8)
+    k_nope, v = mla.expand(c)  # (1, H, 5, Dn), (1, H, 5, Dv)
+    torch.testing.assert_close(k_nope, torch.einsum("hnc,bsc->bhsn", w_uk, c))
+    torch.testing.assert_close(v, torch.einsum("hvc,bsc->bhsv", w_uv, c))
+    x = _x(1, 5, E, seed=9)
+    q_nope, _ = mla.queries(x, torch.arange(5))  # (1, H, 5, Dn)
+    assert mla.q_b_proj is not None and mla.q_a_proj is not None and mla.q_a_layernorm is not None
+    q = mla.q_b_proj(mla.q_a_layernorm(mla.q_a_proj(x)))  # (1, 5, H * (Dn + Dr))
+    for h in range(H):
+        start = h * (DN + DR)
+        torch.testing.assert_close(q_nope[0, h], q[0, :, start : start + DN])
 
 
 def test_deepseek_v3_constants_are_transformers_defaults(deepseek_v3):
@@ -138,12 +217,12 @@ def test_deepseek_v3_constants_are_transformers_defaults(deepseek_v3):
 
 def _close(a: torch.Tensor, b: torch.Tensor, rtol: float) -> None:
     """max |a - b| / max |b| < rtol: relative to the output's size."""
-    assert float((a - b).abs().max() / b.abs().max()) < rtol
+    assert max_rel_diff(a, b) < rtol
 
 
-@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("dtype, rtol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
 @pytest.mark.parametrize("q_lora_rank", [None, 24])
-def test_absorbed_decoding_equals_naive_and_full_recomputation(dtype, atol, q_lora_rank):
+def test_absorbed_decoding_equals_naive_and_full_recomputation(dtype, rtol, q_lora_rank):
     mla = _mla(q_lora_rank, dtype)
     B, prompt, steps = 2, 4, 20
     x = _x(B, prompt + steps, E, seed=3, dtype=dtype)
@@ -154,14 +233,14 @@ def test_absorbed_decoding_equals_naive_and_full_recomputation(dtype, atol, q_lo
         for name, cache in caches.items():  # the prompt at once
             out, _ = mla(x[:, :prompt], mask=causal_mask(prompt), cache=cache, absorb=absorb[name])
             full, _ = mla(x[:, :prompt], mask=causal_mask(prompt))
-            _close(out, full, atol)
+            _close(out, full, rtol)
         for t in range(prompt, prompt + steps):  # then one token a step
             full, full_w = mla(x[:, : t + 1], mask=causal_mask(t + 1), need_weights=True)  # (B, t+1, E)
             for name, cache in caches.items():
                 out, w = mla(x[:, t : t + 1], cache=cache, absorb=absorb[name], need_weights=True)  # (B, 1, E)
                 assert len(cache) == t + 1
-                _close(out[:, 0], full[:, -1], atol)
-                _close(w[:, :, 0], full_w[:, :, -1], atol)
+                _close(out[:, 0], full[:, -1], rtol)
+                _close(w[:, :, 0], full_w[:, :, -1], rtol)
     assert full[:, -1].abs().max() > 0.05
     expanded = caches["expanded"]
     assert isinstance(expanded, KVCache) and expanded.k is not None and expanded.v is not None

@@ -22,6 +22,7 @@ from attnbook.llm_attention import (
     softmax_with_sink,
 )
 from attnbook.masks import from_additive
+from tests.helpers import max_rel_diff
 
 
 def _x(*shape, seed=0, dtype=torch.float32):
@@ -262,18 +263,20 @@ def test_llm_attention_bad_input():
 B, T = 2, 24
 
 
-def _hf_case(kind: str, layer: int):
+def _hf_case(kind: str, layer: int, rope_parameters: dict | None = None, **config_kw):
     """(module, config, position embeddings (cos, sin) for T positions, layer type): a tiny random
-    attention module of each kind, in float32, eager."""
+    attention module of each kind, in float32, eager (``rope_parameters`` and ``config_kw`` replace the
+    config's defaults)."""
     transformers = pytest.importorskip("transformers", reason="the Hugging Face comparison needs transformers")
-    common = dict(vocab_size=32, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2)
+    common = dict(vocab_size=32, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                  **config_kw)
+    plain = {"rope_type": "default", "rope_theta": 1000.0}
     x = torch.zeros(B, T, 32)
     positions = torch.arange(T)[None]
     if kind == "qwen3":
         from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3RotaryEmbedding
 
-        config = transformers.Qwen3Config(**common, head_dim=12, rope_parameters={"rope_type": "default",
-                                                                                 "rope_theta": 1000.0})
+        config = transformers.Qwen3Config(**common, head_dim=12, rope_parameters=rope_parameters or plain)
         config._attn_implementation = "eager"
         module, rope = Qwen3Attention(config, layer), Qwen3RotaryEmbedding(config)
         cos_sin = rope(x, positions)
@@ -281,14 +284,14 @@ def _hf_case(kind: str, layer: int):
         from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention, GptOssRotaryEmbedding
 
         config = transformers.GptOssConfig(**common, head_dim=12, sliding_window=5,
-                                           rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
+                                           rope_parameters=rope_parameters or plain)
         config._attn_implementation = "eager"
         module, rope = GptOssAttention(config, layer), GptOssRotaryEmbedding(config)
         cos_sin = rope(x, positions)
     elif kind == "qwen3_next":
         from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextAttention, Qwen3NextRotaryEmbedding
 
-        config = transformers.Qwen3NextConfig(**common, head_dim=16, rope_parameters={
+        config = transformers.Qwen3NextConfig(**common, head_dim=16, rope_parameters=rope_parameters or {
             "rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.25})
         config._attn_implementation = "eager"
         module, rope = Qwen3NextAttention(config, layer), Qwen3NextRotaryEmbedding(config)
@@ -304,9 +307,10 @@ def _hf_case(kind: str, layer: int):
             from transformers.models.gemma2.modeling_gemma2 import Gemma2RotaryEmbedding as Rope
 
             config_class = transformers.Gemma2Config
+        rope_kw = {} if rope_parameters is None else {"rope_parameters": rope_parameters}
         config = config_class(**common, intermediate_size=64, head_dim=12, sliding_window=6,
                               query_pre_attn_scalar=20, attn_logit_softcapping=3.0,
-                              layer_types=["sliding_attention", "full_attention"])
+                              layer_types=["sliding_attention", "full_attention"], **rope_kw)
         config._attn_implementation = "eager"
         module, rope = Attention(config, layer), Rope(config)
         cos_sin = rope(x, positions, config.layer_types[layer]) if kind == "gemma3" else rope(x, positions)
@@ -325,20 +329,26 @@ def _hf_mask(config, layer_type: str, x: torch.Tensor) -> torch.Tensor:
                 position_ids=torch.arange(x.shape[1])[None])
 
 
-@pytest.mark.parametrize("kind, layer", [("qwen3", 0), ("gpt_oss", 0), ("gpt_oss", 1), ("qwen3_next", 1),
-                                         ("gemma3", 0), ("gemma3", 1), ("gemma2", 0), ("gemma2", 1)])
-def test_from_hf_equals_the_hugging_face_module(kind, layer):
+@pytest.mark.parametrize("kind, layer, scale", [("qwen3", 0, 1.0), ("gpt_oss", 0, 1.0), ("gpt_oss", 1, 1.0),
+                                                ("qwen3_next", 1, 1.0), ("gemma3", 0, 1.0), ("gemma3", 1, 1.0),
+                                                ("gemma2", 0, 1.0), ("gemma2", 1, 1.0), ("qwen3", 0, 30.0)])
+def test_from_hf_equals_the_hugging_face_module(kind, layer, scale):
     module, config, cos_sin, layer_type = _hf_case(kind, layer)
+    with torch.no_grad():  # scale > 1: v_proj and o_proj scaled up, so the outputs are large
+        module.v_proj.weight.mul_(scale)
+        module.o_proj.weight.mul_(scale)
     x = _x(B, T, 32, seed=5)
     hf_mask = _hf_mask(config, layer_type, x)
     with torch.no_grad():
         expected, expected_w = module(x, cos_sin, hf_mask)
+    if scale > 1:  # one float32 step of the largest output exceeds 1e-5: an absolute 1e-5 would fail this
+        assert float(expected.abs().max()) * torch.finfo(torch.float32).eps > 1e-5
     ours = LLMAttention.from_hf(module).eval()
     out, w = ours(x, need_weights=True)  # its own causal / sliding mask
-    assert (out - expected).abs().max() < 1e-5
-    assert (w - expected_w).abs().max() < 1e-5
+    assert max_rel_diff(out, expected) < 1e-5
+    assert max_rel_diff(w, expected_w) < 1e-5
     out2, _ = ours(x, from_additive(hf_mask))  # Hugging Face's mask, converted: the same
-    assert (out2 - expected).abs().max() < 1e-5
+    assert max_rel_diff(out2, expected) < 1e-5
     # what from_hf read
     assert (ours.sliding_window is not None) == (layer_type == "sliding_attention")
     assert (ours.sinks is not None) == (kind == "gpt_oss")
@@ -360,6 +370,113 @@ def test_from_hf_refuses_what_it_cannot_copy():
                                        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})
     with pytest.raises(ValueError, match=r"rope_type'\] = 'dynamic' is not supported"):
         LLMAttention.from_hf(GptOssAttention(config, 0))
+
+
+# --------------------------------------------------------------------------- transformers 4.x configs
+
+# transformers 4.57 (Colab's) keeps RoPE on the config as separate attributes: rope_theta, rope_scaling (None or
+# a dict with rope_type, or the older type, factor, ...), partial_rotary_factor (Qwen3-Next) and
+# rope_local_base_freq (Gemma 3's sliding layers, which rotate with plain RoPE of that base: its model's
+# rotary_emb_local). Its defaults, from 4.57's config classes: GptOssConfig rope_theta=150000 with the YaRN
+# below (max_position_embeddings=131072); Gemma3TextConfig rope_theta=1e6, rope_local_base_freq=1e4,
+# rope_scaling=None (the released models: linear x8); Qwen3NextConfig partial_rotary_factor=0.25 with
+# "linear_attention" layers; Qwen3Config and Gemma2Config plain RoPE.
+GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 4096}
+GEMMA3_LINEAR = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                 "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}}
+V4_CASES = {  # name: (kind, layer, the 5.x rope_parameters, the 4.x attributes that say the same, config kwargs)
+    "qwen3 default": ("qwen3", 0, {"rope_type": "default", "rope_theta": 1000.0},
+                      {"rope_theta": 1000.0, "rope_scaling": None}, {}),
+    "qwen3 yarn": ("qwen3", 0, {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                                "original_max_position_embeddings": 32768},
+                   {"rope_theta": 1e6, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                        "original_max_position_embeddings": 32768}},
+                   {"max_position_embeddings": 131072}),
+    "qwen3 yarn, original length from max_position_embeddings": (
+        "qwen3", 0, {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0},
+        {"rope_theta": 1e6, "rope_scaling": {"type": "yarn", "factor": 4.0}}, {"max_position_embeddings": 8192}),
+    "gpt-oss yarn, sliding layer": ("gpt_oss", 0, {**GPT_OSS_YARN, "rope_theta": 150000.0},
+                                    {"rope_theta": 150000.0, "rope_scaling": GPT_OSS_YARN},
+                                    {"max_position_embeddings": 131072}),
+    "gpt-oss yarn, global layer": ("gpt_oss", 1, {**GPT_OSS_YARN, "rope_theta": 150000.0},
+                                   {"rope_theta": 150000.0, "rope_scaling": GPT_OSS_YARN},
+                                   {"max_position_embeddings": 131072}),
+    "qwen3-next partial rotary": ("qwen3_next", 1, {"rope_type": "default", "rope_theta": 1000.0,
+                                                    "partial_rotary_factor": 0.25},
+                                  {"rope_theta": 1000.0, "rope_scaling": None, "partial_rotary_factor": 0.25},
+                                  {"layer_types": ["linear_attention", "full_attention"]}),
+    "gemma3 linear, local layer": ("gemma3", 0, GEMMA3_LINEAR,
+                                   {"rope_theta": 1e6, "rope_local_base_freq": 1e4,
+                                    "rope_scaling": {"rope_type": "linear", "factor": 8.0}}, {}),
+    "gemma3 linear, global layer": ("gemma3", 1, GEMMA3_LINEAR,
+                                    {"rope_theta": 1e6, "rope_local_base_freq": 1e4,
+                                     "rope_scaling": {"rope_type": "linear", "factor": 8.0}}, {}),
+    "gemma2 default": ("gemma2", 0, {"rope_type": "default", "rope_theta": 10000.0}, {"rope_theta": 10000.0}, {}),
+}
+_V4_COPIED = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "layer_types",
+              "sliding_window", "max_position_embeddings", "query_pre_attn_scalar", "attn_logit_softcapping")
+
+
+def _as_4x(module, config, rope_attributes: dict):
+    """``module`` reading a 4.57-shaped config: no ``rope_parameters``, RoPE in ``rope_attributes``, and no
+    ``layer_type`` attribute on the module (its layer type comes from ``layer_types[layer_idx]``)."""
+    import copy
+    import types
+
+    old = types.SimpleNamespace(**{name: getattr(config, name) for name in _V4_COPIED if hasattr(config, name)},
+                                **copy.deepcopy(rope_attributes))
+    legacy = copy.copy(module)  # shares the weights
+    legacy.config = old
+    legacy.__dict__.pop("layer_type", None)
+    return legacy
+
+
+@pytest.mark.parametrize("name", list(V4_CASES))
+def test_from_hf_reads_transformers_4x_configs(name):
+    kind, layer, rope_5x, rope_4x, config_kw = V4_CASES[name]
+    module, config, cos_sin, layer_type = _hf_case(kind, layer, rope_parameters=dict(rope_5x), **config_kw)
+    assert getattr(config, "rope_parameters", None)  # the 5.x config, for the reference
+    legacy = _as_4x(module, config, rope_4x)
+    assert not hasattr(legacy.config, "rope_parameters") and not hasattr(legacy, "layer_type")
+    new, old = LLMAttention.from_hf(module).eval(), LLMAttention.from_hf(legacy).eval()
+    assert new.rope_inv_freq is not None and old.rope_inv_freq is not None
+    assert torch.equal(old.rope_inv_freq, new.rope_inv_freq)
+    assert old.rope_attention_factor == new.rope_attention_factor
+    assert (old.rope_base, old.rotary_dim, old.rope_scaling) == (new.rope_base, new.rotary_dim, new.rope_scaling)
+    assert old.sliding_window == new.sliding_window
+    # and the copy equals the Hugging Face module itself
+    x = _x(B, T, 32, seed=5)
+    hf_mask = _hf_mask(config, layer_type, x)
+    with torch.no_grad():
+        expected, _ = module(x, cos_sin, hf_mask)
+    assert max_rel_diff(old(x)[0], expected) < 1e-5
+    # what the case exercises
+    expected_type = rope_5x.get(layer_type, rope_5x).get("rope_type")
+    assert (old.rope_scaling or {}).get("rope_type", "default") == expected_type
+    if kind == "qwen3_next":
+        assert old.rotary_dim == 4  # a quarter of D = 16
+    if kind == "gemma3":
+        assert old.rope_base == (1e4 if layer_type == "sliding_attention" else 1e6)
+    if "original length" in name:
+        assert old.rope_scaling is not None and old.rope_scaling["original_max_position_embeddings"] == 8192
+
+
+def test_from_hf_names_bad_4x_rope_settings():
+    module, config, _, _ = _hf_case("qwen3", 0)
+    cases = [
+        ({"rope_theta": 1e4, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+         ValueError, r"rope_type'\] = 'dynamic' is not supported"),
+        ({"rope_theta": 1e4, "rope_scaling": {"rope_type": "linear"}}, ValueError, r"missing \['factor'\]"),
+        ({"rope_theta": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 0.25}}, ValueError, "factor"),
+        ({"rope_theta": 1.0}, ValueError, r"rope_base must be > 1 \(or None for no RoPE\), got 1.0"),
+        ({"rope_scaling": None}, ValueError, "neither rope_parameters nor rope_theta"),
+        ({"rope_theta": 1e4, "rope_scaling": "yarn"}, TypeError, "rope_scaling must be a mapping or None, got str"),
+        ({"rope_theta": 1e4, "partial_rotary_factor": 0.1}, ValueError, r"int\(12 \* 0\.1\) = 1 must be even"),
+    ]
+    for attributes, error, message in cases:
+        with pytest.raises(error, match=message):
+            LLMAttention.from_hf(_as_4x(module, config, attributes))
 
 
 # --------------------------------------------------------------------------- local and global layers
