@@ -408,6 +408,11 @@ class BlockPool:
         self._refs[block] = 1
         return block
 
+    def is_cached(self, block: int) -> bool:
+        """Whether ``block`` holds a cached prefix (a full block named by its hash): such a block is never
+        written again, a sequence that would write into it copies it first."""
+        return check_int("block", block, 0, self.num_blocks - 1) in self._hash_of
+
     def cached_block(self, block_hash: bytes) -> int | None:
         """The block that holds the full block of tokens named ``block_hash`` (see
         :meth:`PagedKVCache.add_sequence`), in use or free but not yet evicted; None when there is none."""
@@ -570,8 +575,9 @@ class PagedKVCache:
         """Start ``child_id`` as a copy of the first ``num_tokens`` tokens of ``parent_id`` (default: all of
         them) without copying any memory: the child's block table lists the parent's first
         ``ceil(num_tokens / block_size)`` blocks, each one's reference count goes up by 1. The first write
-        of either sequence into a shared block that has free positions copies that block first
-        (copy-on-write); full shared blocks are only read, and stay stored once."""
+        of either sequence into a shared block that has free positions for it copies that block first
+        (copy-on-write), and so does a write into a cached prompt block that the child took only part of,
+        even after the parent is freed; full shared blocks are only read, and stay stored once."""
         parent_id = self._known(parent_id)
         child_id = self._new(child_id)
         length = self._lengths[parent_id]
@@ -594,18 +600,21 @@ class PagedKVCache:
     # ------------------------------------------------------------------ writing
 
     def _reserve(self, seq_id: _SeqId, n: int) -> int:
-        """Make room for ``n`` more tokens of ``seq_id`` (copy-on-write of a shared last block that is not
-        full, new blocks as needed) and count them as cached; returns the old length. Writes no keys or
-        values: :meth:`append` writes them, :func:`simulate_requests` plays allocation alone."""
+        """Make room for ``n`` more tokens of ``seq_id`` (copy-on-write of a last block that is not full for this
+        sequence and that another sequence reads or the prefix cache names, new blocks as needed) and count
+        them as cached; returns the old length. Writes no keys or values: :meth:`append` writes them,
+        :func:`simulate_requests` plays allocation alone."""
         table, length, size = self._tables[seq_id], self._lengths[seq_id], self.pool.block_size
         if n == 0:
             return length
         filled = length % size  # positions used in the last block (0: it is full, or there is none)
-        cow = filled != 0 and self.pool.ref_count(table[-1]) > 1
+        # a partly used last block is copied before writing if another sequence reads it, or if it is a cached
+        # full block (a fork that took only part of it): writing in place would change what its hash names
+        cow = filled != 0 and (self.pool.ref_count(table[-1]) > 1 or self.pool.is_cached(table[-1]))
         new_blocks = -(-(length + n) // size) - len(table)
         needed = new_blocks + int(cow)
         if needed > self.pool.num_free:
-            copy = " (1 of them a copy-on-write of a shared block)" if cow else ""
+            copy = " (1 of them a copy-on-write of a shared or cached block)" if cow else ""
             raise OutOfBlocksError(
                 f"the pool is out of blocks: seq_id {seq_id!r} ({length} tokens cached) needs {needed} more "
                 f"block(s){copy} for {n} new tokens, but {self.pool.num_free} of {self.pool.num_blocks} blocks "

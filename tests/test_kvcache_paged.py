@@ -329,6 +329,34 @@ def test_fork_shares_a_prefix_and_reference_counts_it():
     assert pool.num_free == 8 and all(pool.ref_count(b) == 0 for b in range(8))
 
 
+@pytest.mark.parametrize("free_parent_first", [True, False])
+def test_a_fork_that_takes_part_of_a_cached_block_copies_it_before_writing(free_parent_first):
+    """A child forked mid-way through a cached prompt block must not write into it, even once it is the
+    block's only reader: the block's hash names the parent's tokens, and a later request with the parent's
+    prompt reads it."""
+    pool = BlockPool(8, 4, 1, 2, dtype=torch.float64)
+    cache = PagedKVCache(pool)
+    prompt = list(range(9))  # two full blocks (hashed once written) and one token of a third
+    cache.add_sequence("parent", prompt)
+    k = randn(1, 9, 2, seed=5)
+    cache.append("parent", k, -k)
+    shared = cache.block_table("parent")[1]
+    assert pool.is_cached(shared) and not pool.is_cached(cache.block_table("parent")[2])
+    cache.fork("parent", "child", num_tokens=6)  # block 0 whole, 2 of block 1's 4 tokens
+    if free_parent_first:
+        cache.free("parent")
+        assert pool.ref_count(shared) == 1  # the child is its only reader now
+    seven = torch.full((1, 2, 2), 7.0, dtype=torch.float64)
+    cache.append("child", seven, seven)
+    assert cache.num_copies == 1 and cache.block_table("child")[1] != shared
+    assert torch.equal(cache.gather("child")[0][0], torch.cat([k[:, :6], seven], dim=1))
+    if not free_parent_first:
+        cache.free("parent")
+    found = cache.add_sequence("again", prompt)  # the parent's prompt once more: both full blocks found
+    assert found == 8 and cache.block_table("again")[:2] == [cache.block_table("child")[0], shared]
+    assert torch.equal(cache.gather("again")[0][0], k[:, :8])  # the parent's values, not the child's 7s
+
+
 # ----------------------------------------------------------------------------- errors
 
 
@@ -360,7 +388,7 @@ def test_errors_name_what_is_wrong():
         cache.append(1, k, k)
     cache.fork(0, 2)
     cache.append(1, k[:, :4], k[:, :4])  # the last free block
-    with pytest.raises(OutOfBlocksError, match=r"\(1 of them a copy-on-write of a shared block\)"):
+    with pytest.raises(OutOfBlocksError, match=r"\(1 of them a copy-on-write of a shared or cached block\)"):
         cache.append(2, k[:, :1], k[:, :1])
     cache.free(0)
     for bad, name in ((0, "0"), ("gone", "'gone'")):
