@@ -412,8 +412,9 @@ def check_mask_mod(mask_mod: MaskMod, T: int, S: int | None = None, *, B: int = 
     scalar int32 indices (as FlexAttention calls it) it returns a 0-dim bool tensor, and called on broadcasting
     aranges (as :func:`dense_mask` calls it) a bool tensor that broadcasts to ``(B, H, T, S)``.
 
-    TypeError names the program when it is not callable or returns something other than a bool tensor (an
-    int 0/1 mask, a Python bool); ValueError when its result does not broadcast to ``(B, H, T, S)``, or when
+    TypeError names the program when it is not callable, returns something other than a bool tensor (an
+    int 0/1 mask, a Python bool), or combines its comparisons with Python's ``and``/``or`` (which work on
+    FlexAttention's scalar indices but not on a grid: use ``&``/``|``); ValueError when its result does not broadcast to ``(B, H, T, S)``, or when
     it is one of this module's programs built for other sizes (a program knows where its queries sit among
     the keys: one built for a step of decoding is wrong one step later, and says so).
     """
@@ -426,7 +427,14 @@ def check_mask_mod(mask_mod: MaskMod, T: int, S: int | None = None, *, B: int = 
     name = _mod_name(mask_mod)
     zero = torch.zeros((), dtype=torch.int32, device=device)
     for args, what in (((zero, zero, zero, zero), "scalar indices"), (_grid(B, H, T, S, device), "index grids")):
-        out = mask_mod(*args)
+        try:
+            out = mask_mod(*args)
+        except RuntimeError as e:
+            if "Boolean value of Tensor" not in str(e):
+                raise
+            raise TypeError(f"mask_mod {name} asked for the truth value of a tensor of indices (Python's `and`, "
+                            "`or`, `not` or an `if` on them): combine comparisons with `&`, `|` and `~`, "
+                            "e.g. (kv_idx <= q_idx) & (q_idx - kv_idx <= w)") from e
         if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
             got = out.dtype if isinstance(out, torch.Tensor) else type(out).__name__
             raise TypeError(f"mask_mod {name} must return a bool tensor (True = may attend), got {got} on {what}")

@@ -475,6 +475,15 @@ def test_mask_mod_must_return_bool():
         check_mask_mod(keys_first, 8, 9)
     check_mask_mod(causal_mask_mod(8, 12), 8, 12, B=2, H=3)  # a good program passes
 
+    def python_and(b, h, q_idx, kv_idx):  # fine on FlexAttention's scalars, ambiguous on a grid
+        return kv_idx <= q_idx and q_idx - kv_idx <= 3
+
+    assert python_and(*[torch.zeros((), dtype=torch.int32)] * 4).dtype == torch.bool
+    with pytest.raises(TypeError, match=r"mask_mod python_and asked for the truth value of a tensor .*`&`, `\|`"):
+        check_mask_mod(python_and, 8)
+    with pytest.raises(TypeError, match="mask_mod python_and asked for the truth value"):
+        dense_mask(python_and, 1, 1, 8)
+
 
 def test_lengths_and_ids_must_be_ints():
     with pytest.raises(TypeError, match="lengths must hold ints, got torch.float32"):
