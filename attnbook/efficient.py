@@ -13,6 +13,7 @@ Dimension legend:
     R  number of hash rounds (Reformer's ``n_hashes``)
     Bq, Bk  queries and keys of one flash-attention tile (``query_block_size``, ``block_size``)
     Cs chunk length (linear attention's and Reformer's ``chunk_size``); nc number of chunks
+    Cb positions of one sub-chunk (Kimi delta attention's chunkwise form); ns number of sub-chunks
     Gb query blocks of sliding-window attention handled together (a cache-sized group)
     Kb key blocks one BigBird query block attends (global + window + random)
     BH batch and heads merged into one dim (B * H), as flash attention's tiles run them
@@ -1720,7 +1721,7 @@ def delta_rule_attention(
 # ----------------------------------------------------------------------------- Kimi Delta Attention
 
 
-_KDA_SUBCHUNK = 16  # positions of one sub-chunk in kimi_delta_attention's chunkwise form (as fla's chunk_kda)
+_KDA_SUBCHUNK = 16  # positions of one sub-chunk in kimi_delta_attention's chunkwise form
 
 
 def _log_decay(g: float | torch.Tensor, B: int, H: int, T: int, D: int, like: torch.Tensor) -> torch.Tensor:
@@ -1744,42 +1745,41 @@ def _log_decay(g: float | torch.Tensor, B: int, H: int, T: int, D: int, like: to
 
 
 def _decayed_scores(x: torch.Tensor, y: torch.Tensor, cum: torch.Tensor) -> torch.Tensor:
-    """``sum_c x_rc y_jc exp(cum_rc - cum_jc)`` for ``j <= r`` and 0 above the diagonal: ``(..., C, C)`` from x, y
-    and ``cum`` ``(..., C, D)``, with ``cum`` non-increasing along C (a cumulative log decay), never exponentiating
+    """``sum_c x_rc y_jc exp(cum_rc - cum_jc)`` for ``j <= r`` and 0 above the diagonal: ``(..., Cs, Cs)`` from x, y
+    and ``cum`` ``(..., Cs, D)``, with ``cum`` non-increasing along Cs (a cumulative log decay), never exponentiating
     a positive number.
 
     Factoring the decay as ``(x_r exp(cum_r)) . (y_j exp(-cum_j))`` would turn the whole matrix into one
     product but overflows: ``exp(-cum_j)`` is 1 / (the decay since the chunk's start), e^320 after 64 steps of
-    alpha = e^-5. So the C positions are cut into sub-chunks of ``_KDA_SUBCHUNK``: for the rows of sub-chunk a,
+    alpha = e^-5. So the Cs positions are cut into sub-chunks of ``_KDA_SUBCHUNK``: for the rows of sub-chunk a,
     with ``ref`` the cumulative decay just before a, ``exp(cum_r - ref)`` and ``exp(ref - cum_j)`` are both <= 1
     for every earlier key j (one matrix product per sub-chunk), and the pairs inside a sub-chunk take their
-    decays ``exp(cum_r - cum_j)`` one by one, a (Cb, Cb, D) tensor per sub-chunk."""
-    *lead, C, D = x.shape
-    Cb = min(_KDA_SUBCHUNK, C)
-    ns = -(-C // Cb)  # number of sub-chunks
-    p = ns * Cb - C
-    Cp = ns * Cb
+    decays ``exp(cum_r - cum_j)`` one by one, a (Cb, Cb, D) tensor per sub-chunk (Cb = _KDA_SUBCHUNK)."""
+    *lead, Cs, D = x.shape
+    Cb = min(_KDA_SUBCHUNK, Cs)
+    ns = -(-Cs // Cb)  # number of sub-chunks
+    p = ns * Cb - Cs
     # padding positions: zero x and y, cum held at its last value (steps that neither decay nor count)
-    x, y = F.pad(x, (0, 0, 0, p)), F.pad(y, (0, 0, 0, p))  # (..., Cp, D)
-    cum = torch.cat([cum, cum[..., -1:, :].expand(*lead, p, D)], dim=-2)  # (..., Cp, D)
+    x, y = F.pad(x, (0, 0, 0, p)), F.pad(y, (0, 0, 0, p))  # (..., ns*Cb, D)
+    cum = torch.cat([cum, cum[..., -1:, :].expand(*lead, p, D)], dim=-2)  # (..., ns*Cb, D)
     xb, yb, cb = (t.reshape(*lead, ns, Cb, D) for t in (x, y, cum))  # (..., ns, Cb, D)
     # ref of sub-chunk a: cum at its previous position (0 before the first: no decay at the chunk's start)
     ref = torch.cat([torch.zeros_like(cb[..., :1, -1:, :]), cb[..., :-1, -1:, :]], dim=-3)  # (..., ns, 1, D)
     x_in = xb * (cb - ref).exp()  # (..., ns, Cb, D) decayed from ref to r: factors <= 1
     # every key decayed from j to each sub-chunk's ref; only j before the sub-chunk is kept, the rest is clamped
     # (its exponent would be positive) and masked below
-    y_out = y[..., None, :, :] * (ref - cum[..., None, :, :]).clamp_max(0).exp()  # (..., ns, Cp, D)
-    band = torch.matmul(x_in, y_out.transpose(-2, -1))  # (..., ns, Cb, Cp)
+    y_out = y[..., None, :, :] * (ref - cum[..., None, :, :]).clamp_max(0).exp()  # (..., ns, ns*Cb, D)
+    band = torch.matmul(x_in, y_out.transpose(-2, -1))  # (..., ns, Cb, ns*Cb)
     starts = torch.arange(ns, device=x.device) * Cb  # (ns,) each sub-chunk's first position
-    before = torch.arange(Cp, device=x.device)[None, :] < starts[:, None]  # (ns, Cp) key j before sub-chunk a
-    band = band * before[:, None, :].to(band.dtype)  # (..., ns, Cb, Cp)
+    before = torch.arange(ns * Cb, device=x.device)[None, :] < starts[:, None]  # (ns, ns*Cb) key j before sub-chunk a
+    band = band * before[:, None, :].to(band.dtype)  # (..., ns, Cb, ns*Cb)
     # inside a sub-chunk: each pair's decays exp(cum_r - cum_j) (j <= r), -inf above the diagonal
     tri = torch.ones(Cb, Cb, dtype=torch.bool, device=x.device).tril()  # (Cb, Cb) j <= r
     diff = (cb[..., :, None, :] - cb[..., None, :, :]).masked_fill(~tri[:, :, None], -math.inf)  # (.., ns, Cb, Cb, D)
     inside = (xb[..., :, None, :] * yb[..., None, :, :] * diff.exp()).sum(-1)  # (..., ns, Cb, Cb)
     same = torch.eye(ns, dtype=band.dtype, device=x.device)[:, None, :, None]  # (ns, 1, ns, 1) sub-chunk a's own
     full = band.view(*lead, ns, Cb, ns, Cb) + inside[..., :, :, None, :] * same  # (..., ns, Cb, ns, Cb)
-    return full.reshape(*lead, Cp, Cp)[..., :C, :C]  # (..., C, C)
+    return full.reshape(*lead, ns * Cb, ns * Cb)[..., :Cs, :Cs]  # (..., Cs, Cs)
 
 
 @overload
@@ -1869,8 +1869,8 @@ def kimi_delta_attention(
     A scalar ratio comes out of the dot product as a factor on the (Cs, Cs) matrix (q_r . k_j) (the
     gated delta rule multiplies that matrix by a decay mask); a per-channel one does not, so these matrices are
     built from keys and queries rescaled by their cumulative decays, in log space and relative to a reference
-    inside the chunk so that no factor exceeds 1 (sub-chunks of 16 positions, as fla's ``chunk_kda``). The
-    carried state is read with q_r * exp(cum_r) and k_r * exp(cum_r), and moves on as
+    inside the chunk so that no factor exceeds 1 (sub-chunks of 16 positions; fla's ``chunk_kda`` also cuts
+    its chunks into sub-chunks). The carried state is read with q_r * exp(cum_r) and k_r * exp(cum_r), and moves on as
     Diag(exp(cum_last)) S_0 + sum_j (k_j * exp(cum_last - cum_j)) u_j^T. A T that is not a multiple of
     ``chunk_size`` is padded with steps that write nothing (beta = 0) and do not decay (g = 0).
     """
