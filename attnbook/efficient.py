@@ -1838,7 +1838,8 @@ def kimi_delta_attention(
     them; ``beta = sigmoid(b_proj(x))``, one per head; the decay ``g = -exp(A_log) * softplus(f_b_proj(f_a_proj(x))
     + dt_bias)`` (``KimiLinearForgetGate``: a low-rank projection to one value per head and channel, A_log one per
     head), passed here as ``g``; its kernels run with ``use_qk_l2norm_in_kernel=True``; a gated RMSNorm of each
-    head's output with a low-rank output gate (``g_a_proj``, ``g_b_proj``), and ``o_proj``.
+    head's output, ``RMSNorm(o) * sigmoid(z)`` with z from a low-rank projection (``g_a_proj``, ``g_b_proj``); and
+    ``o_proj``. (``tests/test_kda.py`` rebuilds a tiny layer's forward pass from those parts around this function.)
 
     Args:
         q, k: ``(B, H, T, D)``; v: ``(B, H, T, Dv)``. Unit keys keep the update stable: pass
