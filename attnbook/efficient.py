@@ -1744,10 +1744,10 @@ def _log_decay(g: float | torch.Tensor, B: int, H: int, T: int, D: int, like: to
     return t.clamp_min(math.log(torch.finfo(like.dtype).tiny))  # (B, H, T, D), finite
 
 
-def _decayed_scores(x: torch.Tensor, y: torch.Tensor, cum: torch.Tensor) -> torch.Tensor:
-    """``sum_c x_rc y_jc exp(cum_rc - cum_jc)`` for ``j <= r`` and 0 above the diagonal: ``(..., Cs, Cs)`` from x, y
-    and ``cum`` ``(..., Cs, D)``, with ``cum`` non-increasing along Cs (a cumulative log decay), never exponentiating
-    a positive number.
+def _decayed_scores(xs: Sequence[torch.Tensor], y: torch.Tensor, cum: torch.Tensor) -> list[torch.Tensor]:
+    """For each x of ``xs``, ``sum_c x_rc y_jc exp(cum_rc - cum_jc)`` for ``j <= r`` and 0 above the diagonal:
+    ``(..., Cs, Cs)`` from x, y and ``cum`` ``(..., Cs, D)``, with ``cum`` non-increasing along Cs (a cumulative log
+    decay), never exponentiating a positive number. The decays are computed once for all of ``xs``.
 
     Factoring the decay as ``(x_r exp(cum_r)) . (y_j exp(-cum_j))`` would turn the whole matrix into one
     product but overflows: ``exp(-cum_j)`` is 1 / (the decay since the chunk's start), e^320 after 64 steps of
@@ -1755,31 +1755,36 @@ def _decayed_scores(x: torch.Tensor, y: torch.Tensor, cum: torch.Tensor) -> torc
     with ``ref`` the cumulative decay just before a, ``exp(cum_r - ref)`` and ``exp(ref - cum_j)`` are both <= 1
     for every earlier key j (one matrix product per sub-chunk), and the pairs inside a sub-chunk take their
     decays ``exp(cum_r - cum_j)`` one by one, a (Cb, Cb, D) tensor per sub-chunk (Cb = _KDA_SUBCHUNK)."""
-    *lead, Cs, D = x.shape
+    *lead, Cs, D = y.shape
     Cb = min(_KDA_SUBCHUNK, Cs)
     ns = -(-Cs // Cb)  # number of sub-chunks
     p = ns * Cb - Cs
     # padding positions: zero x and y, cum held at its last value (steps that neither decay nor count)
-    x, y = F.pad(x, (0, 0, 0, p)), F.pad(y, (0, 0, 0, p))  # (..., ns*Cb, D)
+    y = F.pad(y, (0, 0, 0, p))  # (..., ns*Cb, D)
     cum = torch.cat([cum, cum[..., -1:, :].expand(*lead, p, D)], dim=-2)  # (..., ns*Cb, D)
-    xb, yb, cb = (t.reshape(*lead, ns, Cb, D) for t in (x, y, cum))  # (..., ns, Cb, D)
+    yb, cb = y.reshape(*lead, ns, Cb, D), cum.reshape(*lead, ns, Cb, D)  # (..., ns, Cb, D)
     # ref of sub-chunk a: cum at its previous position (0 before the first: no decay at the chunk's start)
     ref = torch.cat([torch.zeros_like(cb[..., :1, -1:, :]), cb[..., :-1, -1:, :]], dim=-3)  # (..., ns, 1, D)
-    x_in = xb * (cb - ref).exp()  # (..., ns, Cb, D) decayed from ref to r: factors <= 1
+    into = (cb - ref).exp()  # (..., ns, Cb, D) decay from ref to r: <= 1
     # every key decayed from j to each sub-chunk's ref; only j before the sub-chunk is kept, the rest is clamped
     # (its exponent would be positive) and masked below
     y_out = y[..., None, :, :] * (ref - cum[..., None, :, :]).clamp_max(0).exp()  # (..., ns, ns*Cb, D)
-    band = torch.matmul(x_in, y_out.transpose(-2, -1))  # (..., ns, Cb, ns*Cb)
-    starts = torch.arange(ns, device=x.device) * Cb  # (ns,) each sub-chunk's first position
-    before = torch.arange(ns * Cb, device=x.device)[None, :] < starts[:, None]  # (ns, ns*Cb) key j before sub-chunk a
-    band = band * before[:, None, :].to(band.dtype)  # (..., ns, Cb, ns*Cb)
-    # inside a sub-chunk: each pair's decays exp(cum_r - cum_j) (j <= r), -inf above the diagonal
-    tri = torch.ones(Cb, Cb, dtype=torch.bool, device=x.device).tril()  # (Cb, Cb) j <= r
+    starts = torch.arange(ns, device=y.device) * Cb  # (ns,) each sub-chunk's first position
+    before = torch.arange(ns * Cb, device=y.device)[None, :] < starts[:, None]  # (ns, ns*Cb) key j before a
+    # inside a sub-chunk: each pair's decays exp(cum_r - cum_j) (j <= r), 0 above the diagonal
+    tri = torch.ones(Cb, Cb, dtype=torch.bool, device=y.device).tril()  # (Cb, Cb) j <= r
     diff = (cb[..., :, None, :] - cb[..., None, :, :]).masked_fill(~tri[:, :, None], -math.inf)  # (.., ns, Cb, Cb, D)
-    inside = (xb[..., :, None, :] * yb[..., None, :, :] * diff.exp()).sum(-1)  # (..., ns, Cb, Cb)
-    same = torch.eye(ns, dtype=band.dtype, device=x.device)[:, None, :, None]  # (ns, 1, ns, 1) sub-chunk a's own
-    full = band.view(*lead, ns, Cb, ns, Cb) + inside[..., :, :, None, :] * same  # (..., ns, Cb, ns, Cb)
-    return full.reshape(*lead, ns * Cb, ns * Cb)[..., :Cs, :Cs]  # (..., Cs, Cs)
+    y_in = yb[..., None, :, :] * diff.exp()  # (..., ns, Cb, Cb, D) key j decayed to row r, inside a sub-chunk
+    same = torch.eye(ns, dtype=y.dtype, device=y.device)[:, None, :, None]  # (ns, 1, ns, 1) sub-chunk a's own
+    out = []
+    for x in xs:
+        xb = F.pad(x, (0, 0, 0, p)).reshape(*lead, ns, Cb, D)  # (..., ns, Cb, D)
+        band = torch.matmul(xb * into, y_out.transpose(-2, -1))  # (..., ns, Cb, ns*Cb)
+        band = band * before[:, None, :].to(band.dtype)  # (..., ns, Cb, ns*Cb) keys before the sub-chunk
+        inside = (xb[..., :, None, :] * y_in).sum(-1)  # (..., ns, Cb, Cb)
+        full = band.view(*lead, ns, Cb, ns, Cb) + inside[..., :, :, None, :] * same  # (..., ns, Cb, ns, Cb)
+        out.append(full.reshape(*lead, ns * Cb, ns * Cb)[..., :Cs, :Cs])  # (..., Cs, Cs)
+    return out
 
 
 @overload
@@ -1934,8 +1939,9 @@ def kimi_delta_attention(
     vc = F.pad(v, (0, 0, 0, pad)).view(B, H, nc, Cs, Dv)  # (B, H, nc, Cs, Dv)
     bc = F.pad(b, (0, pad)).view(B, H, nc, Cs, 1)  # (B, H, nc, Cs, 1)
     cum = F.pad(log_a, (0, 0, 0, pad)).view(B, H, nc, Cs, D).cumsum(dim=-2)  # (B, H, nc, Cs, D) log gamma_r
-    lower = bc * _decayed_scores(kc, kc, cum)  # (B, H, nc, Cs, Cs) A_rj (only j < r is read)
-    scores = _decayed_scores(qc, kc, cum)  # (B, H, nc, Cs, Cs) q_r . Diag(gamma_r / gamma_j) k_j, j <= r
+    # (B, H, nc, Cs, Cs) each: k_r . Diag(gamma_r / gamma_j) k_j and q_r . Diag(gamma_r / gamma_j) k_j, j <= r
+    kk, scores = _decayed_scores((kc, qc), kc, cum)
+    lower = bc * kk  # (B, H, nc, Cs, Cs) A_rj (only j < r is read)
     gamma = cum.exp()  # (B, H, nc, Cs, D) gamma_r <= 1, per channel
     kg = kc * bc * gamma  # (B, H, nc, Cs, D) beta_r gamma_r * k_r: reads the carried state
     q_in = qc * gamma  # (B, H, nc, Cs, D) reads the carried state, decayed to r
