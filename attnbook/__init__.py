@@ -70,6 +70,7 @@ Dimension legend, one meaning per letter in every module:
     Sb   keys one query block of sliding-window attention looks at
     m    random features (Performer);  Df  width of a feature map's output;  R  hash rounds (Reformer)
     Cs   chunk length (chunked linear attention, Reformer);  nc  number of chunks
+    Cb   positions of one sub-chunk (Kimi delta attention's chunkwise form);  ns  number of sub-chunks
     Gb   query blocks of sliding-window attention computed together;  Kb  key blocks a BigBird query block reads
     Bq, Bk  queries and keys of one flash-attention tile;  BH  batch and heads merged (B * H)
     Dp, Dvp  D and Dv rounded up to a power of two (the sides of a Triton block)

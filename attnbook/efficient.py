@@ -13,6 +13,7 @@ Dimension legend:
     R  number of hash rounds (Reformer's ``n_hashes``)
     Bq, Bk  queries and keys of one flash-attention tile (``query_block_size``, ``block_size``)
     Cs chunk length (linear attention's and Reformer's ``chunk_size``); nc number of chunks
+    Cb positions of one sub-chunk (Kimi delta attention's chunkwise form); ns number of sub-chunks
     Gb query blocks of sliding-window attention handled together (a cache-sized group)
     Kb key blocks one BigBird query block attends (global + window + random)
     BH batch and heads merged into one dim (B * H), as flash attention's tiles run them
@@ -32,10 +33,11 @@ Two families live here:
   (random features whose dot product estimates exp), :func:`lsh_attention`
   (each query only sees keys hashed near it), :func:`decayed_linear_attention`
   (causal linear attention whose state fades by a factor gamma per step, an RNN and a
-  state-space model at once; a relative of RetNet's retention) and :func:`delta_rule_attention`
+  state-space model at once; a relative of RetNet's retention), :func:`delta_rule_attention`
   (a fixed-size state that overwrites instead of adding: DeltaNet, and with a decay
-  gate Gated DeltaNet); both causal only, so they are not in the registry, whose
-  variants all run without a mask too.
+  gate Gated DeltaNet) and :func:`kimi_delta_attention` (the gated delta rule with a decay
+  per key channel: Kimi Linear's KDA); all causal only, so they are not in the registry,
+  whose variants all run without a mask too.
 
 The registry, :data:`REGISTRY`, names every variant with the two references
 (``"exact"`` and ``"pytorch"``) and says what each is (exact or not, whether
@@ -110,6 +112,7 @@ __all__ = [
     "delta_rule_inputs",
     "delta_rule_costs",
     "DELTA_METHODS",
+    "kimi_delta_attention",
 ]
 
 
@@ -1711,6 +1714,252 @@ def delta_rule_attention(
         if chunk_decay is not None:
             state = chunk_decay[:, :, c] * state  # (B, H, D, Dv)
         state = state + torch.matmul(k_out_c, u)  # (B, H, D, Dv)
+    out = torch.cat(outs, dim=2)[:, :, :T]  # (B, H, T, Dv)
+    return (out, state) if output_final_state else out
+
+
+# ----------------------------------------------------------------------------- Kimi Delta Attention
+
+
+_KDA_SUBCHUNK = 16  # positions of one sub-chunk in kimi_delta_attention's chunkwise form
+
+
+def _log_decay(g: float | torch.Tensor, B: int, H: int, T: int, D: int, like: torch.Tensor) -> torch.Tensor:
+    """``g`` (a float, or a tensor that broadcasts to (B, H, T, D)), the log of a per-channel decay, as a
+    (B, H, T, D) tensor of like's dtype and device, every value <= 0 (-inf: forget, taken as the log of the
+    dtype's smallest positive float)."""
+    if isinstance(g, bool) or not isinstance(g, (float, int, torch.Tensor)):
+        raise TypeError(f"g must be a float or a (B, H, T, D) tensor, got {type(g).__name__} {g!r}")
+    if isinstance(g, torch.Tensor) and not g.dtype.is_floating_point:
+        raise TypeError(f"g must be a floating-point tensor, got {g.dtype}")
+    t = torch.as_tensor(g, dtype=like.dtype, device=like.device)
+    try:
+        t = torch.broadcast_to(t, (B, H, T, D))  # (B, H, T, D)
+    except RuntimeError:
+        raise ValueError(f"g must be a float or broadcast to (B, H, T, D) = ({B}, {H}, {T}, {D}), "
+                         f"got shape {shape_str(t)}") from None
+    if not bool((t <= 0).all()):  # NaN fails too
+        raise ValueError(f"g must be <= 0 (the log of a decay alpha in (0, 1]), got values from {t.min().item()} "
+                         f"to {t.max().item()}")
+    return t.clamp_min(math.log(torch.finfo(like.dtype).tiny))  # (B, H, T, D), finite
+
+
+def _decayed_scores(xs: Sequence[torch.Tensor], y: torch.Tensor, cum: torch.Tensor) -> list[torch.Tensor]:
+    """For each x of ``xs``, ``sum_c x_rc y_jc exp(cum_rc - cum_jc)`` for ``j <= r`` and 0 above the diagonal:
+    ``(..., Cs, Cs)`` from x, y and ``cum`` ``(..., Cs, D)``, with ``cum`` non-increasing along Cs (a cumulative log
+    decay), never exponentiating a positive number. The decays are computed once for all of ``xs``.
+
+    Factoring the decay as ``(x_r exp(cum_r)) . (y_j exp(-cum_j))`` would turn the whole matrix into one
+    product but overflows: ``exp(-cum_j)`` is 1 / (the decay since the chunk's start), e^320 after 64 steps of
+    alpha = e^-5. So the Cs positions are cut into sub-chunks of ``_KDA_SUBCHUNK``: for the rows of sub-chunk a,
+    with ``ref`` the cumulative decay just before a, ``exp(cum_r - ref)`` and ``exp(ref - cum_j)`` are both <= 1
+    for every earlier key j (one matrix product per sub-chunk), and the pairs inside a sub-chunk take their
+    decays ``exp(cum_r - cum_j)`` one by one, a (Cb, Cb, D) tensor per sub-chunk (Cb = _KDA_SUBCHUNK)."""
+    *lead, Cs, D = y.shape
+    Cb = min(_KDA_SUBCHUNK, Cs)
+    ns = -(-Cs // Cb)  # number of sub-chunks
+    p = ns * Cb - Cs
+    # padding positions: zero x and y, cum held at its last value (steps that neither decay nor count)
+    y = F.pad(y, (0, 0, 0, p))  # (..., ns*Cb, D)
+    cum = torch.cat([cum, cum[..., -1:, :].expand(*lead, p, D)], dim=-2)  # (..., ns*Cb, D)
+    yb, cb = y.reshape(*lead, ns, Cb, D), cum.reshape(*lead, ns, Cb, D)  # (..., ns, Cb, D)
+    # ref of sub-chunk a: cum at its previous position (0 before the first: no decay at the chunk's start)
+    ref = torch.cat([torch.zeros_like(cb[..., :1, -1:, :]), cb[..., :-1, -1:, :]], dim=-3)  # (..., ns, 1, D)
+    into = (cb - ref).exp()  # (..., ns, Cb, D) decay from ref to r: <= 1
+    # every key decayed from j to each sub-chunk's ref; only j before the sub-chunk is kept, the rest is clamped
+    # (its exponent would be positive) and masked below
+    y_out = y[..., None, :, :] * (ref - cum[..., None, :, :]).clamp_max(0).exp()  # (..., ns, ns*Cb, D)
+    starts = torch.arange(ns, device=y.device) * Cb  # (ns,) each sub-chunk's first position
+    before = torch.arange(ns * Cb, device=y.device)[None, :] < starts[:, None]  # (ns, ns*Cb) key j before a
+    # inside a sub-chunk: each pair's decays exp(cum_r - cum_j) (j <= r), 0 above the diagonal
+    tri = torch.ones(Cb, Cb, dtype=torch.bool, device=y.device).tril()  # (Cb, Cb) j <= r
+    diff = (cb[..., :, None, :] - cb[..., None, :, :]).masked_fill(~tri[:, :, None], -math.inf)  # (.., ns, Cb, Cb, D)
+    y_in = yb[..., None, :, :] * diff.exp()  # (..., ns, Cb, Cb, D) key j decayed to row r, inside a sub-chunk
+    same = torch.eye(ns, dtype=y.dtype, device=y.device)[:, None, :, None]  # (ns, 1, ns, 1) sub-chunk a's own
+    out = []
+    for x in xs:
+        xb = F.pad(x, (0, 0, 0, p)).reshape(*lead, ns, Cb, D)  # (..., ns, Cb, D)
+        band = torch.matmul(xb * into, y_out.transpose(-2, -1))  # (..., ns, Cb, ns*Cb)
+        band = band * before[:, None, :].to(band.dtype)  # (..., ns, Cb, ns*Cb) keys before the sub-chunk
+        inside = (xb[..., :, None, :] * y_in).sum(-1)  # (..., ns, Cb, Cb)
+        full = band.view(*lead, ns, Cb, ns, Cb) + inside[..., :, :, None, :] * same  # (..., ns, Cb, ns, Cb)
+        out.append(full.reshape(*lead, ns * Cb, ns * Cb)[..., :Cs, :Cs])  # (..., Cs, Cs)
+    return out
+
+
+@overload
+def kimi_delta_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: float | torch.Tensor, beta: float | torch.Tensor, *,
+    method: str = ..., chunk_size: int = ..., scale: float | None = ..., use_qk_l2norm: bool = ...,
+    initial_state: torch.Tensor | None = ..., output_final_state: Literal[False] = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def kimi_delta_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: float | torch.Tensor, beta: float | torch.Tensor, *,
+    method: str = ..., chunk_size: int = ..., scale: float | None = ..., use_qk_l2norm: bool = ...,
+    initial_state: torch.Tensor | None = ..., output_final_state: Literal[True],
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def kimi_delta_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: float | torch.Tensor, beta: float | torch.Tensor, *,
+    method: str = ..., chunk_size: int = ..., scale: float | None = ..., use_qk_l2norm: bool = ...,
+    initial_state: torch.Tensor | None = ..., output_final_state: bool = ...,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def kimi_delta_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: float | torch.Tensor,
+    beta: float | torch.Tensor,
+    *,
+    method: str = "chunkwise",
+    chunk_size: int = 64,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Kimi Delta Attention (KDA; Kimi Team, 2025, "Kimi Linear: An Expressive, Efficient Attention
+    Architecture"): the gated delta rule of :func:`delta_rule_attention` with a decay per key channel instead of
+    one per head. T == S. Per step t, with the state S a (D, Dv) matrix per head and alpha_t = exp(g_t) in
+    (0, 1]^D::
+
+        S' = Diag(alpha_t) S_{t-1}                        row c of the state fades by alpha_t[c]
+        u_t = beta_t (v_t - S'^T k_t)                     what S' misses of v_t, times the write strength
+        S_t = S' + k_t u_t^T                              write only that correction
+        out_t = S_t^T (scale q_t)
+
+    i.e. S_t = (I - beta_t k_t k_t^T) Diag(alpha_t) S_{t-1} + beta_t k_t v_t^T. With g the same in every channel
+    it is :func:`delta_rule_attention` with ``gate=exp(g)``; with g = 0 (no decay) the plain delta rule.
+
+    This is the rule inside a KDA layer, not the layer. What ``KimiLinearDeltaAttention`` in ``transformers``
+    adds around it: the q, k, v projections and a short causal depthwise convolution (kernel 4) with SiLU over
+    them; ``beta = sigmoid(b_proj(x))``, one per head; the decay ``g = -exp(A_log) * softplus(f_b_proj(f_a_proj(x))
+    + dt_bias)`` (``KimiLinearForgetGate``: a low-rank projection to one value per head and channel, A_log one per
+    head), passed here as ``g``; its kernels run with ``use_qk_l2norm_in_kernel=True``; a gated RMSNorm of each
+    head's output, ``RMSNorm(o) * sigmoid(z)`` with z from a low-rank projection (``g_a_proj``, ``g_b_proj``); and
+    ``o_proj``. (``tests/test_kda.py`` rebuilds a tiny layer's forward pass from those parts around this function.)
+
+    Args:
+        q, k: ``(B, H, T, D)``; v: ``(B, H, T, Dv)``. Unit keys keep the update stable: pass
+            ``use_qk_l2norm=True`` (:func:`l2norm` on q and k, as Kimi Linear) or normalise them first.
+        g: the log of the decay, ``(B, H, T, D)`` or anything that broadcasts to it (a float: the same decay
+            everywhere), every value <= 0, as ``transformers``' and fla's ``g``; -inf forgets the channel.
+        beta: the write strength, a float or a tensor broadcasting to ``(B, H, T)``, in [0, 2]
+            (:func:`delta_rule_attention` says why 2).
+        method: ``"recurrent"`` (the loop above, one position at a time: what a decoder runs per token) or
+            ``"chunkwise"`` (default, ``chunk_size`` positions at a time; below).
+        scale: queries are multiplied by it; default ``1 / sqrt(D)``, as Kimi Linear (after the l2 norm).
+        use_qk_l2norm: scale q and k to unit length first with :func:`l2norm`.
+        initial_state: the state before position 0, ``(B, H, D, Dv)``; default zeros.
+        output_final_state: also return the state after the last position.
+
+    float16 and bfloat16 inputs are computed in float32 (as fla and ``transformers``): the output comes back in
+    the input dtype, the final state in float32; ``initial_state`` may then be float32 or the input dtype.
+
+    Returns:
+        the output ``(B, H, T, Dv)``, and with ``output_final_state=True`` the tuple (output, final state
+        ``(B, H, D, Dv)``).
+
+    The chunkwise form is :func:`delta_rule_attention`'s (the WY representation: one unit lower-triangular
+    solve per chunk, then one loop step per chunk) with the scalar decay ratio gamma_r / gamma_j replaced by a
+    vector: with cum_r = g_0 + ... + g_r (per channel, from the chunk's start), the decay from j to r is
+    exp(cum_r - cum_j) in (0, 1]^D, and it sits *inside* every dot product,
+    A_rj = beta_r sum_c k_rc k_jc exp(cum_rc - cum_jc) and the scores sum_c q_rc k_jc exp(cum_rc - cum_jc).
+    A scalar ratio comes out of the dot product as a factor on the (Cs, Cs) matrix (q_r . k_j) (the
+    gated delta rule multiplies that matrix by a decay mask); a per-channel one does not, so these matrices are
+    built from keys and queries rescaled by their cumulative decays, in log space and relative to a reference
+    inside the chunk so that no factor exceeds 1 (sub-chunks of 16 positions; fla's ``chunk_kda`` also cuts
+    its chunks into sub-chunks). The carried state is read with q_r * exp(cum_r) and k_r * exp(cum_r), and moves on as
+    Diag(exp(cum_last)) S_0 + sum_j (k_j * exp(cum_last - cum_j)) u_j^T. A T that is not a multiple of
+    ``chunk_size`` is padded with steps that write nothing (beta = 0) and do not decay (g = 0).
+    """
+    check_bool("use_qk_l2norm", use_qk_l2norm)
+    check_bool("output_final_state", output_final_state)
+    B, H, T, S, D = _check_bhtd(q, k, v)
+    _check_causal_lengths("kimi_delta_attention", q, k, True)
+    if q.dtype in (torch.float16, torch.bfloat16):  # computed in float32, as fla and transformers do
+        if isinstance(initial_state, torch.Tensor) and initial_state.dtype == q.dtype:
+            initial_state = initial_state.float()
+        g32 = g.float() if isinstance(g, torch.Tensor) else g
+        beta32 = beta.float() if isinstance(beta, torch.Tensor) else beta
+        out32, state32 = kimi_delta_attention(
+            q.float(), k.float(), v.float(), g32, beta32, method=method, chunk_size=chunk_size, scale=scale,
+            use_qk_l2norm=use_qk_l2norm, initial_state=initial_state, output_final_state=True)
+        return (out32.to(q.dtype), state32) if output_final_state else out32.to(q.dtype)
+    if method not in DELTA_METHODS:
+        raise ValueError(f"method must be one of {DELTA_METHODS}, got {method!r}")
+    chunk_size = check_int("chunk_size", chunk_size, 1)
+    scale = check_scale(scale, D)
+    Dv = v.shape[-1]
+    log_a = _log_decay(g, B, H, T, D, q)  # (B, H, T, D)
+    b = _per_step("beta", beta, B, H, T, q, 0.0, 2.0, "the write strength")  # (B, H, T)
+    if initial_state is None:
+        state = q.new_zeros(B, H, D, Dv)  # (B, H, D, Dv)
+    else:
+        if not isinstance(initial_state, torch.Tensor):
+            raise TypeError(f"initial_state must be a torch.Tensor or None, got {type(initial_state).__name__}")
+        if initial_state.shape != (B, H, D, Dv):
+            raise ValueError(f"initial_state must be (B, H, D, Dv) = ({B}, {H}, {D}, {Dv}), "
+                             f"got shape {shape_str(initial_state)}")
+        if initial_state.dtype != q.dtype:
+            raise TypeError(f"initial_state must have q's dtype {q.dtype}, got {initial_state.dtype}")
+        state = initial_state
+    if use_qk_l2norm:
+        q, k = l2norm(q), l2norm(k)  # (B, H, T, D) unit rows (eps inside the root, as fla and transformers)
+    q = q * scale  # (B, H, T, D)
+
+    if method == "recurrent":
+        alpha = log_a.exp()[..., None]  # (B, H, T, D, 1) one decay per row of the state
+        outs = []
+        # one position at a time; unbind once (indexing step t would make autograd zero-fill a full gradient)
+        steps = zip(q[:, :, :, None].unbind(2), k[:, :, :, None].unbind(2), v[:, :, :, None].unbind(2),
+                    alpha.unbind(2), b[..., None, None].unbind(2))
+        for q_t, k_t, v_t, alpha_t, beta_t in steps:  # (B, H, 1, D) x2, (B, H, 1, Dv), (B, H, D, 1), (B, H, 1, 1)
+            state = alpha_t * state  # (B, H, D, Dv) row c times alpha_t[c]
+            read = torch.matmul(k_t, state)  # (B, H, 1, Dv) what the state holds for k_t
+            u = beta_t * (v_t - read)  # (B, H, 1, Dv) the correction
+            state = state + k_t.transpose(-2, -1) * u  # (B, H, D, Dv) rank-one write
+            outs.append(torch.matmul(q_t, state))  # (B, H, 1, Dv)
+        out = torch.cat(outs, dim=2)  # (B, H, T, Dv)
+        return (out, state) if output_final_state else out
+
+    Cs = min(chunk_size, T)
+    nc = -(-T // Cs)  # number of chunks
+    pad = nc * Cs - T
+    # padding steps: zero q, k, v, beta = 0 (no write) and g = 0 (no decay)
+    qc = F.pad(q, (0, 0, 0, pad)).view(B, H, nc, Cs, D)  # (B, H, nc, Cs, D)
+    kc = F.pad(k, (0, 0, 0, pad)).view(B, H, nc, Cs, D)  # (B, H, nc, Cs, D)
+    vc = F.pad(v, (0, 0, 0, pad)).view(B, H, nc, Cs, Dv)  # (B, H, nc, Cs, Dv)
+    bc = F.pad(b, (0, pad)).view(B, H, nc, Cs, 1)  # (B, H, nc, Cs, 1)
+    cum = F.pad(log_a, (0, 0, 0, pad)).view(B, H, nc, Cs, D).cumsum(dim=-2)  # (B, H, nc, Cs, D) log gamma_r
+    # (B, H, nc, Cs, Cs) each: k_r . Diag(gamma_r / gamma_j) k_j and q_r . Diag(gamma_r / gamma_j) k_j, j <= r
+    kk, scores = _decayed_scores((kc, qc), kc, cum)
+    lower = bc * kk  # (B, H, nc, Cs, Cs) A_rj (only j < r is read)
+    gamma = cum.exp()  # (B, H, nc, Cs, D) gamma_r <= 1, per channel
+    kg = kc * bc * gamma  # (B, H, nc, Cs, D) beta_r gamma_r * k_r: reads the carried state
+    q_in = qc * gamma  # (B, H, nc, Cs, D) reads the carried state, decayed to r
+    k_out = (kc * (cum[..., -1:, :] - cum).exp()).transpose(-2, -1)  # (B, H, nc, D, Cs) writes decayed to the end
+    chunk_decay = cum[..., -1, :].exp()[..., None]  # (B, H, nc, D, 1) gamma_last, per row of the state
+    # (I + A)^-1 [diag(beta) V | diag(beta) (gamma * K)], A the strict lower triangle of `lower`
+    w = torch.linalg.solve_triangular(lower, torch.cat([vc * bc, kg], dim=-1), upper=False,
+                                      unitriangular=True)  # (B, H, nc, Cs, Dv + D)
+    w_v, w_k = w.split([Dv, D], dim=-1)  # (B, H, nc, Cs, Dv), (B, H, nc, Cs, D)
+
+    outs = []
+    # unbind once: indexing chunk c inside the loop would make autograd zero-fill a full-size gradient per use
+    per_chunk = zip(w_v.unbind(2), w_k.unbind(2), q_in.unbind(2), scores.unbind(2), k_out.unbind(2),
+                    chunk_decay.unbind(2))
+    for w_v_c, w_k_c, q_in_c, scores_c, k_out_c, decay_c in per_chunk:
+        u = w_v_c - torch.matmul(w_k_c, state)  # (B, H, Cs, Dv) the chunk's corrections
+        outs.append(torch.matmul(q_in_c, state) + torch.matmul(scores_c, u))  # (B, H, Cs, Dv)
+        state = decay_c * state + torch.matmul(k_out_c, u)  # (B, H, D, Dv)
     out = torch.cat(outs, dim=2)[:, :, :T]  # (B, H, T, Dv)
     return (out, state) if output_final_state else out
 
