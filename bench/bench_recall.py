@@ -12,7 +12,7 @@ where it stopped improving. Three groups, in this order:
 * ``sizes``: the additive control and the delta rule at N = 4 and 16 and head dims 8, 16, 32 (2 heads, a
   D x D state each), 1,600 steps (N = 16 at D = 16 is the ``curves`` run, read at step 1,600).
 
-    .venv/bin/python bench/bench_recall.py              # everything, two worker processes (about an hour on a busy 2-core CPU)
+    .venv/bin/python bench/bench_recall.py              # everything, two worker processes (2.7 hours of one core; about 1.5 hours on a busy 2-core CPU)
     .venv/bin/python bench/bench_recall.py --only curves --jobs 1
     .venv/bin/python bench/bench_recall.py --only curves --num-pairs 64 --kind linear,delta   # some again
 
