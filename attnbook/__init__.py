@@ -18,7 +18,11 @@ below, or a subpackage's ``__init__`` for the names it lists):
   the pairs each one scores and their measured costs), ``latent`` (multi-head
   latent attention, DeepSeek-V2/V3: the latent cache and absorbed decoding),
   ``sparse_attention`` (DeepSeek Sparse Attention, DeepSeek-V3.2: the lightning
-  indexer and top-k selection on top of MLA; equal to Hugging Face's), ``triton_attention``
+  indexer and top-k selection on top of MLA; equal to Hugging Face's), ``shared_kv``
+  (cross-layer KV sharing, Gemma 4 E2B/E4B: late layers that read an earlier layer's keys
+  and values and cache nothing; equal to Hugging Face's), ``compressed_attention`` (DeepSeek-V4's
+  attention: one KV head read as key and value, a sliding window, compressed sparse and heavily
+  compressed entries, grouped output; equal to Hugging Face's), ``triton_attention``
   (FlashAttention-2's forward and backward kernels in Triton, run by Triton's interpreter on a CPU or
   compiled on a GPU, and the bytes they move; imports Triton only when a kernel runs),
   ``configs`` (the attention of published models' configs, six of 2024-2025 and
@@ -80,6 +84,8 @@ Dimension legend, one meaning per letter in every module:
     M    the state (memory) of linear attention and the delta rule: a (D, Dv) matrix per head, M_t after position t
     Np, Nq  stored (key, value) pairs and queries of an associative-recall sequence;  Nm  models trained side by side
     Hi, Di  heads and head width of a lightning indexer (DeepSeek Sparse Attention);  k  keys each query selects (top-k)
+    Rc   compression rate (source tokens per compressed entry, DeepSeek-V4);  Nw  compressed entries (closed windows)
+    Go, Ro  groups of a grouped output projection and each group's width (o_groups, o_lora_rank)
 """
 
 from typing import Any
@@ -134,7 +140,8 @@ __all__ = [
 # `attnbook.explorers.saturation_explorer()` works after a plain `import attnbook`.
 _LAZY = {"core", "mha", "positional", "kvcache", "layers", "efficient", "tasks", "train", "pretrained", "measure",
          "plotting", "exercises", "explorers", "testing", "vision", "latent",
-         "configs", "llm_attention", "llm_experiments", "recall", "sparse_attention", "circuits"}
+         "configs", "llm_attention", "llm_experiments", "recall", "sparse_attention", "shared_kv",
+         "compressed_attention", "circuits"}
 
 
 def __getattr__(name: str) -> Any:
