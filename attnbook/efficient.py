@@ -1504,6 +1504,20 @@ def _per_step(name: str, x: float | torch.Tensor, B: int, H: int, T: int, like: 
                          f"to {t.max().item()}")
     return t
 
+def _delta_initial_state(initial_state: torch.Tensor | None, q: torch.Tensor, B: int, H: int, D: int,
+                         Dv: int) -> torch.Tensor:
+    """The delta rules' starting state (B, H, D, Dv): zeros, or ``initial_state`` checked against q's sizes and dtype."""
+    if initial_state is None:
+        return q.new_zeros(B, H, D, Dv)  # (B, H, D, Dv)
+    if not isinstance(initial_state, torch.Tensor):
+        raise TypeError(f"initial_state must be a torch.Tensor or None, got {type(initial_state).__name__}")
+    if initial_state.shape != (B, H, D, Dv):
+        raise ValueError(f"initial_state must be (B, H, D, Dv) = ({B}, {H}, {D}, {Dv}), "
+                         f"got shape {shape_str(initial_state)}")
+    if initial_state.dtype != q.dtype:
+        raise TypeError(f"initial_state must have q's dtype {q.dtype}, got {initial_state.dtype}")
+    return initial_state
+
 
 @overload
 def delta_rule_attention(
@@ -1637,17 +1651,7 @@ def delta_rule_attention(
     else:
         a = _per_step("gate", gate, B, H, T, q, 0.0, 1.0, "the decay alpha")  # (B, H, T)
         log_a = torch.log(a.clamp_min(torch.finfo(q.dtype).tiny))  # (B, H, T), finite
-    if initial_state is None:
-        state = q.new_zeros(B, H, D, Dv)  # (B, H, D, Dv)
-    else:
-        if not isinstance(initial_state, torch.Tensor):
-            raise TypeError(f"initial_state must be a torch.Tensor or None, got {type(initial_state).__name__}")
-        if initial_state.shape != (B, H, D, Dv):
-            raise ValueError(f"initial_state must be (B, H, D, Dv) = ({B}, {H}, {D}, {Dv}), "
-                             f"got shape {shape_str(initial_state)}")
-        if initial_state.dtype != q.dtype:
-            raise TypeError(f"initial_state must have q's dtype {q.dtype}, got {initial_state.dtype}")
-        state = initial_state
+    state = _delta_initial_state(initial_state, q, B, H, D, Dv)  # (B, H, D, Dv)
     if use_qk_l2norm:
         q, k = l2norm(q), l2norm(k)  # (B, H, T, D) unit rows (eps inside the root, as fla and transformers)
     q = q * scale  # (B, H, T, D)
@@ -1900,17 +1904,7 @@ def kimi_delta_attention(
     Dv = v.shape[-1]
     log_a = _log_decay(g, B, H, T, D, q)  # (B, H, T, D)
     b = _per_step("beta", beta, B, H, T, q, 0.0, 2.0, "the write strength")  # (B, H, T)
-    if initial_state is None:
-        state = q.new_zeros(B, H, D, Dv)  # (B, H, D, Dv)
-    else:
-        if not isinstance(initial_state, torch.Tensor):
-            raise TypeError(f"initial_state must be a torch.Tensor or None, got {type(initial_state).__name__}")
-        if initial_state.shape != (B, H, D, Dv):
-            raise ValueError(f"initial_state must be (B, H, D, Dv) = ({B}, {H}, {D}, {Dv}), "
-                             f"got shape {shape_str(initial_state)}")
-        if initial_state.dtype != q.dtype:
-            raise TypeError(f"initial_state must have q's dtype {q.dtype}, got {initial_state.dtype}")
-        state = initial_state
+    state = _delta_initial_state(initial_state, q, B, H, D, Dv)  # (B, H, D, Dv)
     if use_qk_l2norm:
         q, k = l2norm(q), l2norm(k)  # (B, H, T, D) unit rows (eps inside the root, as fla and transformers)
     q = q * scale  # (B, H, T, D)
